@@ -1,0 +1,135 @@
+"""The stage modules: stems, residual blocks (plain, reversible, downsampling) and heads.
+
+RevNet activations are a pair of streams (x, x̃) stored side by side along the channel axis,
+so every message between stages is a single tensor. Design facts (which block is invertible,
+where projections sit) follow ``shared/paper/ARCHITECTURE.md``; the residual branch F ends with a
+ReLU, as in the authors' models.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torchvision.models.resnet import BasicBlock, Bottleneck
+
+from .stage import LocalGraph, ReversibleStage, Stage
+
+
+def conv_bn(c_in: int, c_out: int, kernel: int, stride: int = 1, relu: bool = True) -> nn.Sequential:
+    """conv (no bias: batch norm follows) -> BN (-> ReLU)."""
+    layers: list[nn.Module] = [
+        nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=kernel // 2, bias=False),
+        nn.BatchNorm2d(c_out),
+    ]
+    if relu:
+        layers.append(nn.ReLU(inplace=True))
+    return nn.Sequential(*layers)
+
+
+def residual_branch(block: str, c_in: int, base: int, c_out: int, stride: int) -> nn.Sequential:
+    """F: the residual function of a basic or bottleneck block, acting on one stream."""
+    if block == "basic":
+        return nn.Sequential(conv_bn(c_in, base, 3, stride), conv_bn(base, c_out, 3))
+    return nn.Sequential(conv_bn(c_in, base, 1), conv_bn(base, base, 3, stride), conv_bn(base, c_out, 1))
+
+
+class Stem(Stage):
+    """First stage: conv -> BN -> ReLU (-> max-pool for the ImageNet stem)."""
+
+    kind = "S"
+
+    def __init__(self, c_out: int, stem: str):
+        super().__init__()
+        if stem == "cifar":  # CIFAR-10 / ImageNet32: 3x3 stride-1 convolution, no pooling
+            self.body = conv_bn(3, c_out, 3)
+        else:  # ImageNet: 7x7 stride-2 convolution + standard 3x3/s2 max-pool
+            self.body = nn.Sequential(conv_bn(3, c_out, 7, stride=2), nn.MaxPool2d(3, 2, 1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.body(x)
+
+
+class ResidualStage(Stage):
+    """One torchvision ResNet block (BasicBlock or Bottleneck) as a stage."""
+
+    kind = "B"
+
+    def __init__(self, block: str, c_in: int, base: int, stride: int):
+        super().__init__()
+        cls = BasicBlock if block == "basic" else Bottleneck
+        c_out = base * cls.expansion
+        downsample = None
+        if stride != 1 or c_in != c_out:
+            downsample = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
+        self.block = cls(c_in, base, stride=stride, downsample=downsample)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.block(x)
+
+
+class ReversibleBlock(ReversibleStage):
+    """Additive coupling (x, x̃) -> (x̃ + F(x), x); inverse x = ỹ, x̃ = y − F(ỹ)."""
+
+    def __init__(self, block: str, channels: int, base: int):
+        super().__init__()
+        self.F = residual_branch(block, channels, base, channels, stride=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x1, x2 = x.chunk(2, dim=1)
+        return torch.cat([x2 + self.F(x1), x1], dim=1)
+
+    @torch.no_grad()
+    def inverse(self, y: Tensor) -> Tensor:
+        y1, y2 = y.chunk(2, dim=1)
+        return torch.cat([y2, y1 - self.F(y2)], dim=1)
+
+    def reconstruct(self, y: Tensor, *, input_grad: bool = True) -> LocalGraph:
+        """Rebuild the input with the current weights while building F's graph.
+
+        x = ỹ is exact; F(x) is evaluated once with autograd on, and serves both to recover
+        x̃ = y − F(x) and as the graph of the recomputed output (x̃ + F(x), x).
+        """
+        y1, y2 = y.detach().chunk(2, dim=1)
+        x1 = y2.requires_grad_(input_grad)
+        f = self.F(x1)
+        x2 = (y1 - f.detach()).requires_grad_(input_grad)
+        return LocalGraph((x1, x2), torch.cat([x2 + f, x1], dim=1))
+
+
+class DownsamplingBlock(Stage):
+    """A RevNet block that changes resolution or width; not invertible, so it buffers its input.
+
+    basic:      y = F(x) + P(x̃),  ỹ = hidden activation of F after its first conv-BN-ReLU
+    bottleneck: y = F(x) + P(x̃),  ỹ = Q(x)   (one 1x1 projection per stream)
+    """
+
+    kind = "D"
+
+    def __init__(self, block: str, c_in: int, base: int, c_out: int, stride: int):
+        super().__init__()
+        self.block_type = block
+        self.F = residual_branch(block, c_in, base, c_out, stride)
+        self.proj = conv_bn(c_in, c_out, 1, stride, relu=False)
+        if block == "bottleneck":
+            self.proj_x = conv_bn(c_in, c_out, 1, stride, relu=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x1, x2 = x.chunk(2, dim=1)
+        if self.block_type == "basic":
+            hidden = self.F[0](x1)
+            y = self.F[1](hidden) + self.proj(x2)
+            return torch.cat([y, hidden], dim=1)
+        return torch.cat([self.F(x1) + self.proj(x2), self.proj_x(x1)], dim=1)
+
+
+class Head(Stage):
+    """Last stage: global average pool -> linear. The loss is taken by the engine."""
+
+    kind = "H"
+
+    def __init__(self, c_in: int, num_classes: int):
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(c_in, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(torch.flatten(self.pool(x), 1))

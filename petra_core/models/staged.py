@@ -1,0 +1,61 @@
+"""Build a staged model from the spec table: stem, one stage per residual block, head."""
+from __future__ import annotations
+
+from torch import nn
+
+from .blocks import DownsamplingBlock, Head, ResidualStage, ReversibleBlock, Stem
+from .spec_check import check_build_args
+from .specs import ARCHS, ArchSpec
+from .stage import Stage
+
+
+class StagedModel(nn.Sequential):
+    """A sequence of :class:`Stage` modules that is also callable end to end (images -> logits)."""
+
+    def __init__(self, arch: str, stages: list[Stage]):
+        super().__init__(*stages)
+        self.arch = arch
+
+    @property
+    def kinds(self) -> str:
+        """Stage kinds as in ARCHITECTURE.md, e.g. ``"S R R D R D R D R H"`` for RevNet18."""
+        return " ".join(stage.kind for stage in self)
+
+    @property
+    def reversible_stages(self) -> list[int]:
+        return [j for j, stage in enumerate(self) if stage.reversible]
+
+
+def _blocks(spec: ArchSpec, width: int) -> list[Stage]:
+    """One stage per residual block. RevNet widths are per stream (two streams per activation)."""
+    stages: list[Stage] = []
+    c_in = width
+    for group, depth in enumerate(spec.layers):
+        base = width * 2**group
+        c_out = base * spec.expansion
+        for i in range(depth):
+            stride = 2 if (group > 0 and i == 0) else 1
+            if not spec.reversible:
+                stages.append(ResidualStage(spec.block, c_in, base, stride))
+            elif stride == 1 and c_in == c_out:
+                stages.append(ReversibleBlock(spec.block, c_out, base))
+            else:
+                stages.append(DownsamplingBlock(spec.block, c_in, base, c_out, stride))
+            c_in = c_out
+    return stages
+
+
+def build_model(arch: str, *, num_classes: int, stem: str = "cifar", width: int = 64) -> StagedModel:
+    """Build ``arch`` as a staged model.
+
+    ``width`` is the base channel count (64 = the paper's models); RevNets double every channel
+    count because each activation carries two streams of that width. ``stem`` is ``"cifar"``
+    (3x3 conv, no pooling: CIFAR-10, ImageNet32) or ``"imagenet"`` (7x7/2 conv + max-pool).
+    """
+    check_build_args(arch, num_classes=num_classes, stem=stem, width=width)
+    spec = ARCHS[arch]
+    streams = 2 if spec.reversible else 1
+    blocks = _blocks(spec, width)
+    c_last = width * 8 * spec.expansion
+    stages: list[Stage] = [Stem(streams * width, stem), *blocks, Head(streams * c_last, num_classes)]
+    return StagedModel(arch, stages)
