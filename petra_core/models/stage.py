@@ -30,6 +30,7 @@ class LocalGraph:
 
     leaves: tuple[Tensor, ...]
     output: Tensor
+    weights: tuple[Tensor, ...] | None = None  # stashed weight copies the graph was built on, if any
 
     def input_value(self) -> Tensor:
         """The (possibly reconstructed) stage input, detached."""

@@ -1,0 +1,8 @@
+"""The stage worker and its transports (in-process simulator; torch.distributed)."""
+from .messages import BackwardMsg, ForwardMsg
+from .pipeline import build_workers, check_k, run_tick, schedule_for
+from .simulator import Simulator, simulate
+from .worker import StageWorker
+
+__all__ = ["BackwardMsg", "ForwardMsg", "Simulator", "StageWorker", "build_workers", "check_k",
+           "run_tick", "schedule_for", "simulate"]

@@ -1,0 +1,32 @@
+"""In-process transport: one FIFO per (direction, receiving stage).
+
+A message sent at tick t is received at tick t + 1 (the schedule guarantees it); the FIFO order
+plus the minibatch id carried by every message make a wrong delivery an immediate error. The
+distributed transport (engine/distributed.py) implements the same four calls over
+torch.distributed point-to-point operations.
+"""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+
+from .messages import BackwardMsg, ForwardMsg
+
+
+class InProcessTransport:
+    def __init__(self):
+        self.queues: dict[tuple[str, int], deque] = defaultdict(deque)
+
+    def send_forward(self, src: int, msg: ForwardMsg) -> None:
+        self.queues[("forward", src + 1)].append(msg)
+
+    def recv_forward(self, dst: int) -> ForwardMsg:
+        return self.queues[("forward", dst)].popleft()
+
+    def send_backward(self, src: int, msg: BackwardMsg) -> None:
+        self.queues[("backward", src - 1)].append(msg)
+
+    def recv_backward(self, dst: int) -> BackwardMsg:
+        return self.queues[("backward", dst)].popleft()
+
+    def in_flight(self) -> int:
+        return sum(len(q) for q in self.queues.values())

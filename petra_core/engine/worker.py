@@ -1,0 +1,107 @@
+"""The stage worker: Algorithm 1 of the paper for one stage, independent of the transport.
+
+Per tick a worker runs (at most) one forward and one backward, in that order and on the same
+weights; it accumulates weight gradients over k backward passes (the loss is scaled by 1/k at
+the head, so the accumulated gradient is the mean over the k minibatches) and then steps its
+own optimizer and learning-rate schedule. What it keeps between forward and backward, and how
+it gets its input back, is delegated to the method's storage policy.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..methods import Method
+from ..models.stage import Stage
+from .messages import BackwardMsg, ForwardMsg
+
+StepHook = Callable[["StageWorker"], None]
+
+
+class StageWorker:
+    def __init__(
+        self,
+        stage: Stage,
+        index: int,
+        num_stages: int,
+        method: Method,
+        optimizer: torch.optim.Optimizer,
+        scheduler,
+        *,
+        k: int,
+        send_input_back: bool,
+    ):
+        self.stage, self.index, self.num_stages = stage, index, num_stages
+        self.is_first, self.is_last = index == 0, index == num_stages - 1
+        self.storage = method.storage_for(stage, last=self.is_last)
+        self.optimizer, self.scheduler, self.k = optimizer, scheduler, k
+        self.send_input_back = send_input_back  # does stage index-1 rebuild its input from its output?
+        self.steps = 0  # optimizer steps taken = version of the weights
+        self.pending = 0  # backward passes accumulated since the last step
+        self.labels: dict[int, Tensor] = {}  # head only: labels of in-flight minibatches
+        self.head_log: list[tuple[int, float, int, int]] = []  # head only: (mb, loss, correct, n)
+        self.step_hooks: list[StepHook] = []  # called with gradients ready, before each step
+        self.peak_kept: dict[str, int] = {}
+
+    # ---- the two halves of a tick -------------------------------------------------------------
+    def forward(self, msg: ForwardMsg) -> ForwardMsg | None:
+        y = self.storage.forward(self.stage, msg.mb, msg.activation, input_grad=not self.is_first, version=self.steps)
+        self._track_kept()
+        if self.is_last:
+            self.labels[msg.mb] = msg.labels
+            return None
+        return ForwardMsg(msg.mb, y.detach(), msg.labels)
+
+    def backward(self, mb: int, msg: BackwardMsg | None) -> BackwardMsg | None:
+        received = msg.activation if msg is not None else None
+        graph = self.storage.local_graph(self.stage, mb, received, input_grad=not self.is_first)
+        if self.is_last:
+            labels = self.labels.pop(mb)
+            loss = F.cross_entropy(graph.output, labels)
+            (loss / self.k).backward()
+            correct = int((graph.output.detach().argmax(1) == labels).sum())
+            self.head_log.append((mb, float(loss.detach()), correct, len(labels)))
+        else:
+            assert msg is not None and msg.mb == mb, f"stage {self.index}: expected gradient of minibatch {mb}"
+            graph.output.backward(msg.grad)
+        if graph.weights is not None:  # graph built on stashed weights: hand their grads to the stage
+            for p, w in zip(self.stage.parameters(), graph.weights):
+                if w.grad is not None:  # a stash is shared by its version's minibatches: take, then clear
+                    p.grad = w.grad if p.grad is None else p.grad.add_(w.grad)
+                    w.grad = None
+        out = None
+        if not self.is_first:
+            grad = graph.input_grad()
+            out = BackwardMsg(mb, grad, graph.input_value() if self.send_input_back else None)
+        self.pending += 1
+        if self.pending == self.k:
+            self.step()
+        return out
+
+    # ---- optimisation ---------------------------------------------------------------------------
+    def step(self) -> None:
+        """Apply the accumulated gradient. A partial group (end of training) is averaged over what it has."""
+        if self.pending == 0:
+            return
+        if self.pending < self.k:
+            for p in self.stage.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(self.k / self.pending)
+        for hook in self.step_hooks:
+            hook(self)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        self.pending = 0
+
+    def _track_kept(self) -> None:
+        for kind, n in self.storage.kept_bytes().items():
+            self.peak_kept[kind] = max(self.peak_kept.get(kind, 0), n)
+
+    def kept_bytes(self) -> dict[str, int]:
+        """Bytes this stage keeps right now between forward and backward, by kind."""
+        return self.storage.kept_bytes()

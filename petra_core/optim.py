@@ -1,0 +1,60 @@
+"""Per-stage optimizer and learning-rate schedule (the paper's recipe, from torch.optim).
+
+* SGD with Nesterov momentum; no weight decay on batch-norm parameters or any bias
+  (every parameter with fewer than two dimensions).
+* Goyal et al. linear scaling: lr = base_lr · batch · k / 256.
+* Linear warm-up advanced at every optimizer step (one step = k minibatches), then ×gamma at
+  milestone epochs: ``LinearLR`` chained with ``MultiStepLR``.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import ChainedScheduler, LinearLR, LRScheduler, MultiStepLR
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Optimisation hyper-parameters shared by every stage."""
+
+    base_lr: float = 0.1
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float = 5e-4
+    warmup_epochs: float = 0.0
+    milestones: tuple[float, ...] = ()
+    gamma: float = 0.1
+    scale_lr: bool = True  # Goyal scaling by batch · k / 256
+
+    def lr(self, batch_size: int, k: int) -> float:
+        return self.base_lr * batch_size * k / 256 if self.scale_lr else self.base_lr
+
+
+def param_groups(params: Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:
+    """Split parameters into decayed (conv/linear weights) and not decayed (BN, biases)."""
+    decay, no_decay = [], []
+    for _, p in params:
+        (decay if p.ndim > 1 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def make_optimizer(
+    module: nn.Module, recipe: Recipe, *, batch_size: int, k: int, steps_per_epoch: float
+) -> tuple[torch.optim.Optimizer, LRScheduler]:
+    """SGD + schedule for one stage. ``steps_per_epoch`` counts optimizer steps (minibatches / k)."""
+    lr = recipe.lr(batch_size, k)
+    groups = param_groups(module.named_parameters(), recipe.weight_decay)
+    if not groups:  # a stage without parameters (never happens for our models, but stay total)
+        groups = [{"params": [nn.Parameter(torch.zeros(0))], "weight_decay": 0.0}]
+    opt = torch.optim.SGD(groups, lr=lr, momentum=recipe.momentum, nesterov=recipe.nesterov and recipe.momentum > 0)
+    schedulers: list[LRScheduler] = []
+    warmup = round(recipe.warmup_epochs * steps_per_epoch)
+    if warmup > 0:
+        schedulers.append(LinearLR(opt, start_factor=1.0 / warmup, end_factor=1.0, total_iters=warmup))
+    milestones = sorted(round(m * steps_per_epoch) for m in recipe.milestones)
+    schedulers.append(MultiStepLR(opt, milestones=milestones, gamma=recipe.gamma))
+    return opt, ChainedScheduler(schedulers, optimizer=opt)

@@ -1,0 +1,238 @@
+"""Oracles for the five methods run through the one stage algorithm (issue: methods + simulator)."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from petra_core import METHODS, Recipe, Simulator, build_model, simulate
+from petra_core.batchnorm import batches_tracked, frozen_running_stats
+from petra_core.methods import Reconstruct
+
+LR0 = Recipe(base_lr=0.0, weight_decay=5e-4, scale_lr=False)
+LR = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=False)
+
+
+def make_batches(n, dtype=torch.float32, batch=6, size=16, classes=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, 3, size, size, generator=g, dtype=dtype),
+             torch.randint(0, classes, (batch,), generator=g)) for _ in range(n)]
+
+
+def make_model(arch="revnet18", dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    return build_model(arch, num_classes=5, width=4).to(dtype)
+
+
+def stage_grads(module):
+    return torch.cat([p.grad.flatten() for p in module.parameters()])
+
+
+def rel_err(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+def summed_step_grads(sim):
+    """Sum over the run of each stage's accumulated gradient, captured just before each step."""
+    sums = [None] * len(sim.workers)
+
+    def hook(worker):
+        g = stage_grads(worker.stage).clone()
+        sums[worker.index] = g if sums[worker.index] is None else sums[worker.index] + g
+
+    for w in sim.workers:
+        w.step_hooks.append(hook)
+    return sums
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
+def test_zero_staleness_oracle(method, dtype, tol):
+    """With lr = 0 every method accumulates exactly backprop's gradients, at every stage."""
+    n, k = 6, 2
+    batches = make_batches(n, dtype)
+    model = make_model(dtype=dtype)
+    reference = copy.deepcopy(model)
+    for x, y in batches:
+        (F.cross_entropy(reference(x), y) / k).backward()
+
+    sim = Simulator(model, method, num_batches=n, get_batch=batches.__getitem__, batch_size=6, k=k, recipe=LR0)
+    sums = summed_step_grads(sim)
+    sim.run()
+    for j, stage in enumerate(reference):
+        err = rel_err(sums[j], stage_grads(stage))
+        assert err < tol, f"{method} stage {j} ({stage.kind}): relative gradient error {err:.2e}"
+    # the same running statistics as backprop, each stage updated once per minibatch
+    for (name, a), b in zip(model.named_buffers(), reference.buffers()):
+        if a.is_floating_point():
+            assert rel_err(a, b) < tol * 10, f"{method}: buffer {name}"
+        else:
+            assert torch.equal(a, b), f"{method}: buffer {name}"
+
+
+@pytest.mark.parametrize("method", ["backprop", "delayed", "dsp"])
+def test_zero_staleness_oracle_on_resnet(method):
+    n, k = 4, 1
+    batches = make_batches(n, torch.float64)
+    model = make_model("resnet18", torch.float64)
+    reference = copy.deepcopy(model)
+    for x, y in batches:
+        F.cross_entropy(reference(x), y).backward()
+    sim = Simulator(model, method, num_batches=n, get_batch=batches.__getitem__, batch_size=6, k=k, recipe=LR0)
+    sums = summed_step_grads(sim)
+    sim.run()
+    for j, stage in enumerate(reference):
+        assert rel_err(sums[j], stage_grads(stage)) < 1e-10
+
+
+def test_stash_oracle_delayed_gradients_use_the_forward_weights():
+    """Delayed gradients = autograd on the network holding the weight versions of each forward."""
+    n, dtype = 22, torch.float64  # > 2(J-1): stage 0 sees weights move between forward and backward
+    batches = make_batches(n, dtype, size=8)
+    model = make_model(dtype=dtype)
+    sim = Simulator(model, "delayed", num_batches=n, get_batch=batches.__getitem__, batch_size=6, k=1, recipe=LR)
+    used = {}  # (stage, mb) -> weights used in the forward
+    grads = {}  # (stage, mb) -> gradient delivered for that minibatch (k = 1: one step per minibatch)
+    for w in sim.workers:
+        forward = w.forward
+
+        def recording_forward(msg, w=w, forward=forward):
+            used[w.index, msg.mb] = copy.deepcopy(w.stage.state_dict())
+            return forward(msg)
+
+        w.forward = recording_forward
+        w.step_hooks.append(lambda w: grads.__setitem__((w.index, w.steps), stage_grads(w.stage).clone()))
+    sim.run()
+    assert any(w.steps > 0 for w in sim.workers)
+    for mb in range(n):
+        net = copy.deepcopy(model)
+        for j, stage in enumerate(net):
+            stage.load_state_dict(used[j, mb])
+        x, y = batches[mb]
+        F.cross_entropy(net(x), y).backward()
+        for j, stage in enumerate(net):
+            assert rel_err(grads[j, mb], stage_grads(stage)) < 1e-10, f"minibatch {mb}, stage {j}"
+    # weights really moved between forwards (otherwise the oracle would be vacuous)
+    assert not torch.equal(used[0, n - 1]["body.0.weight"], used[0, 0]["body.0.weight"])
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+def test_reversible_backprop_equals_backprop_while_training(dtype, tol):
+    batches = make_batches(6, dtype)
+    runs = {}
+    for method in ("backprop", "revbackprop"):
+        model = make_model(dtype=dtype)
+        sim = simulate(model, method, batches, k=1, recipe=LR)
+        runs[method] = (model, [loss for _, loss, _, _ in sim.head_log])
+    (m_bp, loss_bp), (m_rev, loss_rev) = runs["backprop"], runs["revbackprop"]
+    assert loss_bp == pytest.approx(loss_rev, rel=tol)
+    for (name, a), b in zip(m_rev.state_dict().items(), m_bp.state_dict().values()):
+        if a.is_floating_point():
+            assert rel_err(a, b) < tol, name
+    assert not torch.equal(m_bp[1].F[0][0].weight, make_model(dtype=dtype)[1].F[0][0].weight)  # it trained
+
+
+@pytest.mark.parametrize("recipe,exact", [(LR0, True), (LR, False)])
+def test_petra_reconstruction(recipe, exact):
+    """A reversible stage's rebuilt input = inverse of what it received, under its current weights;
+    with lr = 0 it is the true input of that minibatch."""
+    n, dtype = 6, torch.float64
+    batches = make_batches(n, dtype)
+    model = make_model(dtype=dtype)
+    sim = Simulator(model, "petra", num_batches=n, get_batch=batches.__getitem__, batch_size=6, k=1, recipe=recipe)
+    true_inputs, checked = {}, []
+    for w in sim.workers:
+        if not isinstance(w.storage, Reconstruct):
+            continue
+        forward, local_graph = w.forward, w.storage.local_graph
+
+        def recording_forward(msg, w=w, forward=forward):
+            true_inputs[w.index, msg.mb] = msg.activation.clone()
+            return forward(msg)
+
+        def checking_local_graph(stage, mb, output, *, input_grad, w=w, local_graph=local_graph):
+            with frozen_running_stats(stage):
+                expected = stage.inverse(output)
+            graph = local_graph(stage, mb, output, input_grad=input_grad)
+            torch.testing.assert_close(graph.input_value(), expected, rtol=1e-12, atol=1e-12)
+            err = rel_err(graph.input_value(), true_inputs[w.index, mb])
+            checked.append(err)
+            if exact:
+                assert err < 1e-12
+            return graph
+
+        w.forward, w.storage.local_graph = recording_forward, checking_local_graph
+    sim.run()
+    assert len(checked) == n * len(model.reversible_stages)
+    if not exact:
+        assert max(checked) > 1e-10  # weights moved: the reconstruction is approximate, as in the paper
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_batchnorm_statistics_updated_once_per_minibatch(method):
+    n = 5
+    model = make_model()
+    simulate(model, method, make_batches(n), k=2, recipe=LR)
+    assert set(batches_tracked(model)) == {n}
+
+
+@pytest.mark.parametrize("method", ["delayed", "dsp", "petra"])
+def test_buffering_stages_hold_2_J_minus_1_minus_j_entries_at_steady_state(method):
+    n = 30
+    batches = make_batches(n, size=8)
+    model = make_model()
+    J = len(model)
+    sim = Simulator(model, method, num_batches=n, get_batch=batches.__getitem__, batch_size=6, k=1, recipe=LR)
+    saw_steady = False
+    while not sim.done:
+        sim.step()
+        if 2 * (J - 1) <= sim.tick - 1 < n:  # every stage busy in both directions
+            saw_steady = True
+            for w in sim.workers:
+                buffering = not isinstance(w.storage, Reconstruct)
+                assert w.storage.in_flight() == 2 * (J - 1 - w.index), (w.index, w.storage.name)
+                kept = sum(w.kept_bytes().values())
+                assert (kept > 0) == (buffering and w.index < J - 1), (w.index, kept)
+    assert saw_steady
+    assert all(w.storage.in_flight() == 0 and sum(w.kept_bytes().values()) == 0 for w in sim.workers)
+
+
+def test_kept_bytes_per_method():
+    """PETRA's reversible stages keep nothing; DSP keeps inputs; delayed keeps graph + weight stash."""
+    n = 40  # stage 0 (delay 18) reaches a steady state where all 19 in-flight weight versions differ
+    batches = make_batches(n, size=8)
+    peaks = {}
+    for method in ("delayed", "dsp", "petra"):
+        model = make_model()
+        sim = simulate(model, method, batches, k=1, recipe=LR)
+        peaks[method] = [w.peak_kept for w in sim.workers]
+    J = len(model)
+    x_bytes = 6 * 3 * 8 * 8 * 4
+    for j, stage in enumerate(model):
+        if j == J - 1:
+            continue
+        if stage.reversible:
+            assert sum(peaks["petra"][j].values()) == 0
+        # DSP buffers inputs: (2(J-1-j) + 1 while the forward of the newest is done) of them
+        expected_entries = 2 * (J - 1 - j) + 1
+        if j == 0:
+            assert peaks["dsp"][0]["input"] == expected_entries * x_bytes
+        assert peaks["delayed"][j]["weight_stash"] > 0 and peaks["delayed"][j]["graph"] > peaks["dsp"][j]["input"]
+    param_bytes = sum(p.numel() * 4 for p in model[0].parameters())
+    assert peaks["delayed"][0]["weight_stash"] == (2 * (J - 1) + 1) * param_bytes
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(method="sgd"), "unknown method 'sgd'; allowed: backprop, revbackprop, delayed, dsp, petra"),
+        (dict(method="petra", k=0), "accumulation k must be an integer >= 1, got 0"),
+        (dict(method="petra", arch="resnet18"), "'petra' needs reversible stages"),
+        (dict(method="revbackprop", arch="resnet18"), "one of: backprop, delayed, dsp"),
+    ],
+)
+def test_bad_method_arguments(kwargs, needle):
+    model = make_model(kwargs.pop("arch", "revnet18"))
+    with pytest.raises(ValueError) as err:
+        simulate(model, kwargs.pop("method"), make_batches(2), **kwargs)
+    assert needle in str(err.value) and "\n" not in str(err.value)
