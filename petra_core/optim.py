@@ -53,8 +53,8 @@ def make_optimizer(
     opt = torch.optim.SGD(groups, lr=lr, momentum=recipe.momentum, nesterov=recipe.nesterov and recipe.momentum > 0)
     schedulers: list[LRScheduler] = []
     warmup = round(recipe.warmup_epochs * steps_per_epoch)
-    if warmup > 0:
-        schedulers.append(LinearLR(opt, start_factor=1.0 / warmup, end_factor=1.0, total_iters=warmup))
+    if warmup > 1:  # lr(s) = peak · (s + 1) / warmup for s < warmup
+        schedulers.append(LinearLR(opt, start_factor=1.0 / warmup, end_factor=1.0, total_iters=warmup - 1))
     milestones = sorted(round(m * steps_per_epoch) for m in recipe.milestones)
     schedulers.append(MultiStepLR(opt, milestones=milestones, gamma=recipe.gamma))
     return opt, ChainedScheduler(schedulers, optimizer=opt)

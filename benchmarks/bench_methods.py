@@ -1,0 +1,79 @@
+"""Time per minibatch and peak memory of every method relative to backprop (same model).
+
+    python benchmarks/bench_methods.py            # RevNet18, CIFAR stem, width 64, batch 64, 2 threads
+
+Each method runs in its own process (so peak RSS is its own). Time per minibatch is measured in
+the pipeline's steady state: for pipelined methods one tick does one forward and one backward at
+every stage, i.e. the whole compute of one minibatch; for sequential methods a minibatch takes
+2J - 1 ticks. The ideal FLOP ratio against backprop is 4/3 for methods that recompute
+(revbackprop, dsp, petra) and 1 for delayed gradients with stashing (paper, Table 1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+FLOP_RATIO = {"backprop": 1.0, "revbackprop": 4 / 3, "delayed": 1.0, "dsp": 4 / 3, "petra": 4 / 3}
+
+
+def measure(args) -> dict:
+    import torch
+
+    from petra_core import Recipe, Simulator, build_model
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = build_model(args.arch, num_classes=10, width=args.width)
+    x = torch.randn(args.batch, 3, 32, 32)
+    y = torch.randint(0, 10, (args.batch,))
+    J = len(model)
+    warm, timed = (2 * (J - 1) + 1, args.steps) if args.method not in ("backprop", "revbackprop") else (1, args.steps)
+    n = warm + timed
+    sim = Simulator(model, args.method, num_batches=n + 2 * J, get_batch=lambda mb: (x, y),
+                    batch_size=args.batch, recipe=Recipe(base_lr=0.01))
+    per_mb = 1 if sim.schedule.kind == "pipelined" else sim.schedule.period
+    sim.run(warm * per_mb)
+    start = time.perf_counter()
+    sim.run(timed * per_mb)
+    elapsed = time.perf_counter() - start
+    kept = sum(sum(w.peak_kept.values()) for w in sim.workers)
+    return {"method": args.method, "s_per_batch": elapsed / timed, "kept_MiB": kept / 2**20,
+            "peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", default="revnet18")
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", type=int, default=8, help="timed minibatches per method")
+    p.add_argument("--methods", default="backprop,revbackprop,delayed,dsp,petra")
+    p.add_argument("--method", help=argparse.SUPPRESS)  # internal: measure one method in this process
+    args = p.parse_args()
+    if args.method:
+        print(json.dumps(measure(args)))
+        return
+    rows = []
+    for method in args.methods.split(","):
+        cmd = [sys.executable, __file__, "--method", method, *sys.argv[1:]]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+        print(f"  measured {method}", file=sys.stderr)
+    base = next(r for r in rows if r["method"] == "backprop")
+    print(f"{args.arch}, CIFAR stem, width {args.width}, batch {args.batch}, {args.threads} threads, "
+          f"{args.steps} timed minibatches per method")
+    print(f"{'method':<12}{'s/batch':>9}{'x backprop':>12}{'ideal FLOPs':>13}{'peak RSS MiB':>14}"
+          f"{'x backprop':>12}{'kept MiB':>10}")
+    for r in rows:
+        print(f"{r['method']:<12}{r['s_per_batch']:>9.3f}{r['s_per_batch'] / base['s_per_batch']:>12.2f}"
+              f"{FLOP_RATIO.get(r['method'], float('nan')):>13.2f}{r['peak_rss_MiB']:>14.0f}"
+              f"{r['peak_rss_MiB'] / base['peak_rss_MiB']:>12.2f}{r['kept_MiB']:>10.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""The recipe: Goyal scaling, warm-up then step decay, no weight decay on BN parameters and biases."""
+import pytest
+import torch
+
+from petra_core import Recipe, build_model
+from petra_core.optim import make_optimizer
+
+
+def test_goyal_scaling():
+    assert Recipe(base_lr=0.1).lr(batch_size=64, k=2) == pytest.approx(0.05)  # CIFAR recipe
+    assert Recipe(base_lr=0.1).lr(batch_size=64, k=4) == pytest.approx(0.1)  # ImageNet recipe
+    assert Recipe(base_lr=0.3, scale_lr=False).lr(batch_size=64, k=4) == 0.3
+
+
+def test_no_weight_decay_on_batchnorm_and_biases():
+    stage = build_model("revnet18", num_classes=10, width=4)[-1]  # head: linear weight + bias
+    opt, _ = make_optimizer(stage, Recipe(weight_decay=5e-4), batch_size=64, k=1, steps_per_epoch=10)
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    for name, p in stage.named_parameters():
+        assert (id(p) in decayed) == (p.ndim > 1), name
+    stem = build_model("revnet18", num_classes=10, width=4)[0]
+    opt, _ = make_optimizer(stem, Recipe(weight_decay=5e-4), batch_size=64, k=1, steps_per_epoch=10)
+    assert [len(g["params"]) for g in opt.param_groups] == [1, 2]  # conv weight | BN weight, BN bias
+    assert opt.defaults["nesterov"] and opt.defaults["momentum"] == 0.9
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_warmup_then_step_decay(k):
+    """lr(step) = peak * min(1, (s+1)/W) * gamma^(milestones passed); one step = k minibatches."""
+    batches_per_epoch, batch = 8, 64
+    recipe = Recipe(base_lr=0.1, warmup_epochs=2, milestones=(3, 5), gamma=0.1)
+    stage = torch.nn.Linear(2, 2)
+    opt, sched = make_optimizer(stage, recipe, batch_size=batch, k=k, steps_per_epoch=batches_per_epoch / k)
+    peak = 0.1 * batch * k / 256
+    steps_per_epoch = batches_per_epoch // k
+    warmup = 2 * steps_per_epoch
+    seen = []
+    for s in range(7 * steps_per_epoch):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    for s, lr in enumerate(seen):
+        factor = min(1.0, (s + 1) / warmup) if s < warmup else 1.0
+        decays = sum(s >= m * steps_per_epoch for m in (3, 5))
+        assert lr == pytest.approx(peak * factor * 0.1**decays, rel=1e-9), s
