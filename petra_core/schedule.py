@@ -60,6 +60,15 @@ class Schedule:
         """Optimizer updates a stage makes between a minibatch's forward and its backward (k = 1)."""
         return 0 if self.kind == "sequential" else self.staleness(stage)
 
+    def forward_tick(self, mb: int, stage: int) -> int:
+        """The tick at which ``stage`` runs the forward of minibatch ``mb``."""
+        return mb * self.period + stage if self.kind == "sequential" else mb + stage
+
+    def backward_tick(self, mb: int, stage: int) -> int:
+        """The tick at which ``stage`` runs the backward of minibatch ``mb``."""
+        start = mb * self.period if self.kind == "sequential" else mb
+        return start + 2 * (self.num_stages - 1) - stage
+
     def _valid(self, mb: int) -> int | None:
         return mb if 0 <= mb < self.num_batches else None
 

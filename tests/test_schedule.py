@@ -58,6 +58,18 @@ def test_messages_arrive_one_tick_after_they_are_sent():
                     assert s.action(t - 1, j).backward == b
 
 
+@pytest.mark.parametrize("kind", ["pipelined", "sequential"])
+def test_forward_and_backward_ticks_invert_the_table(kind):
+    s = Schedule(kind, 4, 5)
+    for t in range(s.num_ticks):
+        for j in range(4):
+            a = s.action(t, j)
+            if a.forward is not None:
+                assert s.forward_tick(a.forward, j) == t
+            if a.backward is not None:
+                assert s.backward_tick(a.backward, j) == t
+
+
 def test_format_prints_a_table():
     text = Schedule("pipelined", 3, 4).format()
     lines = text.splitlines()

@@ -64,6 +64,17 @@ class Simulator:
             self.step()
         return self
 
+    def state_dict(self) -> dict:
+        """The in-flight pipeline state (the model's weights and buffers are saved separately)."""
+        return {"tick": self.tick, "workers": [w.state_dict() for w in self.workers],
+                "transport": self.transport.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.tick = state["tick"]
+        for worker, ws in zip(self.workers, state["workers"]):
+            worker.load_state_dict(ws)
+        self.transport.load_state_dict(state["transport"])
+
     @property
     def head_log(self) -> list[tuple[int, float, int, int]]:
         """(minibatch, loss, correct, batch size) for every minibatch the head has processed."""

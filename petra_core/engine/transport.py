@@ -7,6 +7,7 @@ torch.distributed point-to-point operations.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict, deque
 
 from .messages import BackwardMsg, ForwardMsg
@@ -30,3 +31,12 @@ class InProcessTransport:
 
     def in_flight(self) -> int:
         return sum(len(q) for q in self.queues.values())
+
+    def state_dict(self) -> dict:
+        return {key: [(type(m).__name__, dataclasses.asdict(m)) for m in q] for key, q in self.queues.items() if q}
+
+    def load_state_dict(self, state: dict) -> None:
+        kinds = {"ForwardMsg": ForwardMsg, "BackwardMsg": BackwardMsg}
+        self.queues.clear()
+        for key, msgs in state.items():
+            self.queues[key].extend(kinds[name](**fields) for name, fields in msgs)

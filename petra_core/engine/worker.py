@@ -47,16 +47,21 @@ class StageWorker:
         self.peak_kept: dict[str, int] = {}
 
     # ---- the two halves of a tick -------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return next(self.stage.parameters()).device
+
     def forward(self, msg: ForwardMsg) -> ForwardMsg | None:
-        y = self.storage.forward(self.stage, msg.mb, msg.activation, input_grad=not self.is_first, version=self.steps)
+        x = msg.activation.to(self.device)  # stages may live on different GPUs; a no-op otherwise
+        y = self.storage.forward(self.stage, msg.mb, x, input_grad=not self.is_first, version=self.steps)
         self._track_kept()
         if self.is_last:
-            self.labels[msg.mb] = msg.labels
+            self.labels[msg.mb] = msg.labels.to(self.device)
             return None
         return ForwardMsg(msg.mb, y.detach(), msg.labels)
 
     def backward(self, mb: int, msg: BackwardMsg | None) -> BackwardMsg | None:
-        received = msg.activation if msg is not None else None
+        received = msg.activation.to(self.device) if msg is not None and msg.activation is not None else None
         graph = self.storage.local_graph(self.stage, mb, received, input_grad=not self.is_first)
         if self.is_last:
             labels = self.labels.pop(mb)
@@ -66,7 +71,7 @@ class StageWorker:
             self.head_log.append((mb, float(loss.detach()), correct, len(labels)))
         else:
             assert msg is not None and msg.mb == mb, f"stage {self.index}: expected gradient of minibatch {mb}"
-            graph.output.backward(msg.grad)
+            graph.output.backward(msg.grad.to(self.device))
         if graph.weights is not None:  # graph built on stashed weights: hand their grads to the stage
             for p, w in zip(self.stage.parameters(), graph.weights):
                 if w.grad is not None:  # a stash is shared by its version's minibatches: take, then clear
@@ -101,6 +106,28 @@ class StageWorker:
     def _track_kept(self) -> None:
         for kind, n in self.storage.kept_bytes().items():
             self.peak_kept[kind] = max(self.peak_kept.get(kind, 0), n)
+
+    # ---- checkpointing --------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything of this stage that is not in the model's own state_dict."""
+        return {
+            "steps": self.steps, "pending": self.pending, "labels": dict(self.labels),
+            "head_log": list(self.head_log), "peak_kept": dict(self.peak_kept),
+            "grads": [None if p.grad is None else p.grad.clone() for p in self.stage.parameters()],
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "storage": self.storage.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore after the model's weights and buffers have been loaded."""
+        self.steps, self.pending = state["steps"], state["pending"]
+        self.labels, self.head_log = dict(state["labels"]), list(state["head_log"])
+        self.peak_kept = dict(state["peak_kept"])
+        for p, g in zip(self.stage.parameters(), state["grads"]):
+            p.grad = None if g is None else g.clone()
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.storage.load_state_dict(self.stage, state["storage"])
 
     def kept_bytes(self) -> dict[str, int]:
         """Bytes this stage keeps right now between forward and backward, by kind."""

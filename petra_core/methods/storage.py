@@ -46,6 +46,13 @@ class StoragePolicy:
         """Minibatches forwarded but not yet backpropagated."""
         return 0
 
+    def state_dict(self) -> dict:
+        """What is kept, as tensors (checkpoints carry the in-flight state of the pipeline)."""
+        return {}
+
+    def load_state_dict(self, stage: Stage, state: dict) -> None:
+        pass
+
 
 @dataclass
 class _Recorded:
@@ -53,6 +60,7 @@ class _Recorded:
     x: Tensor
     version: int
     graph_bytes: int
+    input_grad: bool
 
 
 class KeepGraph(StoragePolicy):
@@ -76,6 +84,9 @@ class KeepGraph(StoragePolicy):
         return self.stashes[version]
 
     def forward(self, stage, mb, x, *, input_grad, version):
+        return self._record(stage, mb, x, input_grad, version)
+
+    def _record(self, stage, mb, x, input_grad, version):
         leaf = x.detach().requires_grad_(input_grad and x.is_floating_point())
         excluded = {p.data_ptr() for p in stage.parameters()}
         weights = None
@@ -93,7 +104,7 @@ class KeepGraph(StoragePolicy):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             y = stage(leaf) if weights is None else functional_call(stage, weights, (leaf,))
         graph = LocalGraph((leaf,), y, tuple(weights.values()) if weights is not None else None)
-        self.records[mb] = _Recorded(graph, x, version, sum(seen.values()))
+        self.records[mb] = _Recorded(graph, x.detach(), version, sum(seen.values()), input_grad)
         return y
 
     def local_graph(self, stage, mb, output, *, input_grad):
@@ -110,6 +121,21 @@ class KeepGraph(StoragePolicy):
 
     def in_flight(self):
         return len(self.records)
+
+    def state_dict(self):
+        # a graph cannot be saved: keep its input and weight version, rebuild it on load
+        return {"records": {mb: {"x": r.x, "version": r.version, "input_grad": r.input_grad}
+                            for mb, r in self.records.items()},
+                "stashes": {v: {n: w.detach() for n, w in ws.items()} for v, ws in self.stashes.items()}}
+
+    def load_state_dict(self, stage, state):
+        self.records.clear()
+        self.stashes = {v: {n: w.clone().requires_grad_(True) for n, w in ws.items()}
+                        for v, ws in state["stashes"].items()}
+        with frozen_running_stats(stage):  # the forward already updated them before the checkpoint
+            for mb in sorted(state["records"]):
+                r = state["records"][mb]
+                self._record(stage, mb, r["x"], r["input_grad"], r["version"])
 
 
 class KeepInput(StoragePolicy):
@@ -133,6 +159,12 @@ class KeepInput(StoragePolicy):
 
     def in_flight(self):
         return len(self.inputs)
+
+    def state_dict(self):
+        return {"inputs": dict(self.inputs)}
+
+    def load_state_dict(self, stage, state):
+        self.inputs = dict(state["inputs"])
 
 
 @dataclass
@@ -159,3 +191,9 @@ class Reconstruct(StoragePolicy):
 
     def in_flight(self):
         return len(self._pending)
+
+    def state_dict(self):
+        return {"pending": sorted(self._pending)}
+
+    def load_state_dict(self, stage, state):
+        self._pending = set(state["pending"])
