@@ -88,11 +88,12 @@ class KeepGraph(StoragePolicy):
 
     def _record(self, stage, mb, x, input_grad, version):
         leaf = x.detach().requires_grad_(input_grad and x.is_floating_point())
-        excluded = {p.data_ptr() for p in stage.parameters()}
+        # parameters, stashes and batch-norm statistics are not activations; the output is kept
+        excluded = {t.untyped_storage().data_ptr() for t in (*stage.parameters(), *stage.buffers())}
         weights = None
         if self.stash:
             weights = self._weights(stage, version)
-            excluded |= {w.data_ptr() for w in weights.values()}
+            excluded |= {w.untyped_storage().data_ptr() for w in weights.values()}
         seen: dict[int, int] = {}
 
         def pack(t: Tensor) -> Tensor:
@@ -103,6 +104,8 @@ class KeepGraph(StoragePolicy):
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             y = stage(leaf) if weights is None else functional_call(stage, weights, (leaf,))
+        for t in (leaf, y):  # held by the record whether or not autograd saved them
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         graph = LocalGraph((leaf,), y, tuple(weights.values()) if weights is not None else None)
         self.records[mb] = _Recorded(graph, x.detach(), version, sum(seen.values()), input_grad)
         return y

@@ -16,6 +16,11 @@ class StagedModel(nn.Sequential):
         super().__init__(*stages)
         self.arch = arch
 
+    def __getitem__(self, index):
+        if isinstance(index, slice):  # a contiguous group of stages is again a staged model
+            return StagedModel(self.arch, list(self)[index])
+        return super().__getitem__(index)
+
     @property
     def kinds(self) -> str:
         """Stage kinds as in ARCHITECTURE.md, e.g. ``"S R R D R D R D R H"`` for RevNet18."""

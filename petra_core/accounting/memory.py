@@ -1,0 +1,121 @@
+"""Memory of a running method: the real-shape prediction and the measurement, side by side.
+
+The prediction is the Table 3 accounting at real shapes, applied to what the engine holds at the
+end of a steady-state tick of the pipelined schedule (every stage busy in both directions):
+
+* input buffer of stage j = staleness_j stage inputs, if its policy buffers inputs;
+* weight stash of stage j = one copy of its parameters per distinct weight version among its
+  in-flight minibatches (ceil(staleness_j / k) once the stage has stepped for long enough: from
+  tick 4(J-1) on every stage, with k = 1), if it stashes;
+* graph of stage j = staleness_j kept graphs (not predictable from shapes: measured per minibatch);
+* in flight in the transport: one forward message per stage (activation + labels) and one backward
+  message per stage (gradient, + activation when the receiver rebuilds its input);
+* optimizer state: one momentum buffer per parameter.
+
+The measurement runs the simulator to such a tick under an :class:`AllocationMeter` (everything
+the run allocated and still holds) and walks what the policies hold (:func:`held_by_stage`).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..engine import Simulator
+from ..methods import get_method
+from ..models import StagedModel
+from ..optim import Recipe
+from .held import AllocationMeter, held_by_stage, held_total
+from .shapes import FLOAT32, stage_shapes
+from .table3 import staleness
+
+LABEL_BYTES = 8  # int64 class labels
+
+
+def stash_versions(J: int, stage: int, tick: int, k: int) -> int:
+    """Distinct weight versions among a stage's in-flight minibatches at the end of ``tick``.
+
+    The forward of tick tau uses version floor(backwards done before tau / k); the stage's first
+    backward is at tick 2(J-1) - stage; the in-flight minibatches were forwarded at ticks
+    tick - staleness + 1 .. tick.
+    """
+    first_backward = 2 * (J - 1) - stage
+    taus = range(tick - staleness(J, stage) + 1, tick + 1)
+    return len({max(0, tau - first_backward) // k for tau in taus})
+
+
+def predict_steady_state(model: StagedModel, method: str, *, batch: int, image_size: int, k: int = 1,
+                         tick: int | None = None, momentum: bool = True) -> list[dict]:
+    """Tidy rows (stage, kind, component, bytes) held at the end of pipelined tick ``tick``.
+
+    ``tick`` (0-based, default 4(J-1)) must have every stage busy in both directions:
+    tick >= 2(J-1), with minibatches still entering the pipeline.
+    """
+    m = get_method(method)
+    if m.schedule != "pipelined":
+        raise ValueError(f"steady state is defined for pipelined methods; {method!r} is {m.schedule}")
+    shapes = stage_shapes(model, batch=batch, image_size=image_size)
+    J = len(shapes)
+    tick = 4 * (J - 1) if tick is None else tick
+    if tick < 2 * (J - 1):
+        raise ValueError(f"tick {tick} is before the steady state (tick >= {2 * (J - 1)})")
+    policies = [m.storage_for(stage, last=j == J - 1) for j, stage in enumerate(model)]
+    rows = []
+
+    def add(r, component, n):
+        rows.append(dict(stage=r["stage"], kind=r["kind"], component=component, bytes=n))
+
+    for j, r in enumerate(shapes):
+        s, policy = staleness(J, j), policies[j]
+        x = FLOAT32 * r["input_numel"]
+        if policy.name == "input":
+            add(r, "input_buffer", s * x)
+        if getattr(policy, "stash", False):
+            add(r, "weight_stash", stash_versions(J, j, tick, k) * FLOAT32 * r["params"])
+        if policy.name.startswith("graph") and j < J - 1:
+            add(r, "graph", None)  # depends on the layers' saved tensors: not predictable from shapes
+        if j < J - 1:
+            add(r, "forward_message", FLOAT32 * r["output_numel"] + LABEL_BYTES * batch)
+        if j > 0:
+            add(r, "backward_message", x * (2 if policies[j - 1].needs_output_back else 1))
+        if momentum:
+            add(r, "optimizer_state", FLOAT32 * r["params"])
+    return rows
+
+
+def measure_steady_state(model: StagedModel, method: str, *, batch: int, image_size: int, k: int = 1,
+                         tick: int | None = None, num_classes: int = 10, seed: int = 0,
+                         recipe: Recipe = Recipe(weight_decay=0.0)) -> dict:
+    """Run ``method`` to the end of ``tick`` (default 4(J-1)) and compare memory with the prediction.
+
+    Minibatches are generated inside the run (so the stem's buffered images count as allocated).
+    Returns allocated_bytes (allocator), held_bytes (policies, distinct storages), predicted_bytes
+    (sum of :func:`predict_steady_state`), predicted_buffer_bytes, held_by_stage rows and the
+    prediction rows.
+    """
+    J = len(model)
+    gen = torch.Generator().manual_seed(seed)
+
+    def get_batch(mb):
+        return (torch.randn(batch, 3, image_size, image_size, generator=gen),
+                torch.randint(0, num_classes, (batch,), generator=gen))
+
+    tick = 4 * (J - 1) if tick is None else tick  # every stage busy, weight stashes at their steady count
+    sim = Simulator(model, method, num_batches=tick + 2, get_batch=get_batch, batch_size=batch, k=k, recipe=recipe)
+    with AllocationMeter() as meter:
+        sim.run(ticks=tick + 1)
+    predicted = predict_steady_state(model, method, batch=batch, image_size=image_size, k=k, tick=tick,
+                                     momentum=recipe.momentum > 0)
+    buffers = ("input_buffer", "weight_stash", "graph")
+
+    def total(rows):
+        values = [r["bytes"] for r in rows]
+        return None if any(v is None for v in values) else sum(values)
+
+    return dict(
+        method=method, arch=model.arch, batch=batch, image_size=image_size, k=k, tick=sim.tick - 1,
+        allocated_bytes=meter.net_bytes,
+        held_bytes=held_total(sim.workers),
+        predicted_bytes=total(predicted),  # None where a kept graph makes it unpredictable
+        predicted_buffer_bytes=total([r for r in predicted if r["component"] in buffers]),
+        held_by_stage=held_by_stage(sim.workers),
+        predicted=predicted,
+    )

@@ -1,0 +1,112 @@
+"""The ``petra`` command: train, prepare data, print the schedule.
+
+Errors a user can fix (bad config, missing or corrupt data, diverged run) are reported as one
+line, ``petra: error: ...``, with a non-zero exit status.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .config import ConfigError, RunConfig
+from .data import DATASETS, DataError, prepare
+from .methods import METHODS
+from .schedule import Schedule
+
+
+def default_run_dir(cfg: RunConfig) -> Path:
+    return Path("runs") / cfg.dataset / f"{cfg.arch}-w{cfg.width}" / f"{cfg.method}-k{cfg.k}-seed{cfg.seed}"
+
+
+def cmd_train(args) -> int:
+    from .train import Diverged, Interrupted, train
+
+    if args.help_config:
+        print(RunConfig.describe())
+        return 0
+    files = [a for a in args.config if "=" not in a]
+    overrides = [a for a in args.config if "=" in a]
+    cfg = RunConfig.load(*files, overrides=overrides)
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
+    try:
+        metrics = train(cfg, run_dir, log=lambda msg: print(msg, file=sys.stderr))
+    except Interrupted as stop:
+        print(f"petra: stopped: {stop}", file=sys.stderr)
+        return 130
+    except Diverged as err:
+        print(f"petra: error: {err}", file=sys.stderr)
+        return 3
+    print(f"{run_dir}: top-1 {metrics['top1']:.2f} %, top-5 {metrics['top5']:.2f} %, "
+          f"{metrics['images_per_s']:.0f} images/s")
+    return 0
+
+
+def cmd_prepare(args) -> int:
+    out = Path(args.out) if args.out else Path("data/prepared") / args.dataset
+    path = prepare(args.dataset, args.source, out, overwrite=args.overwrite)
+    print(path)
+    return 0
+
+
+def cmd_schedule(args) -> int:
+    method = METHODS[args.method]
+    print(Schedule(method.schedule, args.stages, args.batches).format(args.max_ticks))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="petra", description="PETRA: pipelined training of reversible networks")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train one run (resumes if the run directory holds a checkpoint)",
+                       description="Train one run: model x dataset x method x k x seed. CONFIG is any number of "
+                                   "YAML files (merged left to right) and key=value overrides.")
+    p.add_argument("config", nargs="*", metavar="CONFIG", help="YAML files and key=value overrides")
+    p.add_argument("--run-dir", help="run directory (default: runs/DATASET/ARCH-wWIDTH/METHOD-kK-seedSEED)")
+    p.add_argument("--help-config", action="store_true", help="list every config key with default and meaning")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("prepare", help="convert a dataset source once into data/prepared/DATASET")
+    p.add_argument("dataset", choices=DATASETS)
+    p.add_argument("--source", required=False, help="raw source (tar.gz, image folder, pickle dir, ImageFolder root)")
+    p.add_argument("--out", help="output directory (default: data/prepared/DATASET)")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("schedule", help="print the delay schedule of a method as a table")
+    p.add_argument("--method", choices=list(METHODS), default="petra")
+    p.add_argument("--stages", type=int, default=4)
+    p.add_argument("--batches", type=int, default=4)
+    p.add_argument("--max-ticks", type=int)
+    p.set_defaults(func=cmd_schedule)
+
+    for register in _extensions():
+        register(sub)
+    return parser
+
+
+def _extensions():
+    """Sub-commands contributed by other layers (report, accounting, distributed), if present."""
+    registers = []
+    for module in ("petra_core.report.commands", "petra_core.accounting.commands"):
+        try:
+            registers.append(__import__(module, fromlist=["register"]).register)
+        except ModuleNotFoundError as err:
+            if err.name is None or not module.startswith(err.name):
+                raise
+    return registers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, DataError, ValueError) as err:
+        print(f"petra: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

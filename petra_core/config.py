@@ -1,0 +1,175 @@
+"""One run's configuration: a typed, documented dataclass; YAML files and key=value overrides.
+
+Unknown keys, wrong types and meaningless values are rejected before anything starts, with a
+one-line message naming the key and what is allowed. ``petra train --help-config`` prints every
+key with its default and description.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .data.sources import DATASETS
+from .methods import METHODS
+from .models import ARCHS
+
+
+class ConfigError(ValueError):
+    """A bad configuration: the message names the key and what is allowed."""
+
+
+def _key(default, help: str, choices: tuple | None = None):
+    kw = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    return field(**kw, metadata={"help": help, "choices": choices})
+
+
+@dataclass
+class RunConfig:
+    # what is trained
+    arch: str = _key("revnet18", "model", tuple(ARCHS))
+    width: int = _key(64, "base channel width (64 = the paper's models)")
+    method: str = _key("petra", "training method", tuple(METHODS))
+    k: int = _key(1, "gradient accumulation: minibatches per optimizer step")
+    seed: int = _key(0, "seed of weight initialisation, data order and augmentation")
+    # data
+    dataset: str = _key("synthetic", "dataset", tuple(DATASETS))
+    data_source: str | None = _key(None, "raw source to prepare from (tar.gz / image folder / pickle dir / ImageFolder root)")
+    data_dir: str = _key("data/prepared", "where prepared datasets are kept (one sub-directory per dataset)")
+    subset: int | None = _key(None, "train on the first N examples of a fixed permutation of the training set")
+    synthetic_train: int = _key(2048, "synthetic dataset: training examples")
+    synthetic_test: int = _key(512, "synthetic dataset: test examples")
+    synthetic_classes: int = _key(10, "synthetic dataset: classes")
+    # recipe
+    epochs: int = _key(2, "training epochs (the pipeline is drained once, at the end)")
+    batch_size: int = _key(64, "minibatch size")
+    eval_batch_size: int = _key(256, "evaluation batch size")
+    base_lr: float = _key(0.1, "base learning rate, before Goyal scaling")
+    scale_lr: bool = _key(True, "lr = base_lr * batch_size * k / 256 (Goyal et al.)")
+    momentum: float = _key(0.9, "Nesterov momentum")
+    weight_decay: float = _key(5e-4, "weight decay (never on batch-norm parameters or biases)")
+    warmup_epochs: float = _key(0.0, "linear warm-up length in epochs (advanced every optimizer step)")
+    milestones: list = _key([], "epochs at which the learning rate is multiplied by gamma")
+    gamma: float = _key(0.1, "learning-rate decay factor at milestones")
+    # execution
+    device: str = _key("cpu", "cpu or cuda (stages spread over the visible GPUs)", ("cpu", "cuda"))
+    threads: int | None = _key(None, "torch CPU threads (default: torch's choice)")
+    deterministic: bool = _key(True, "deterministic algorithms (bit-exact repeatability on CPU)")
+    runtime: str = _key("simulator", "simulator (one process) or distributed (torchrun)", ("simulator", "distributed"))
+    fidelity_every: int = _key(0, "every N optimizer steps, compare delayed gradients with true ones (0 = off)")
+    progress: bool = _key(True, "show a tqdm progress bar")
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, values: dict) -> "RunConfig":
+        if not isinstance(values, dict):
+            raise ConfigError(f"a config must be a mapping of keys to values, got {type(values).__name__}")
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown config key {unknown[0]!r}; allowed: {', '.join(known)}")
+        hints = typing.get_type_hints(cls)
+        cfg = cls(**{name: _coerce(name, value, hints[name]) for name, value in values.items()})
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def load(cls, *paths: str | Path, overrides: list[str] = ()) -> "RunConfig":
+        """Merge YAML files left to right, then ``key=value`` overrides (values parsed as YAML)."""
+        values: dict = {}
+        for path in paths:
+            try:
+                loaded = yaml.safe_load(Path(path).read_text()) or {}
+            except FileNotFoundError:
+                raise ConfigError(f"config file {str(path)!r} does not exist") from None
+            except yaml.YAMLError as err:
+                raise ConfigError(f"config file {str(path)!r} is not valid YAML: {str(err).splitlines()[0]}") from None
+            if not isinstance(loaded, dict):
+                raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys to values")
+            values.update(loaded)
+        for item in overrides:
+            key, sep, raw = item.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"override {item!r} is not of the form key=value")
+            values[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+        return cls.from_dict(values)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value not in choices:
+                raise ConfigError(f"{f.name}={value!r} is not allowed; allowed: {', '.join(map(str, choices))}")
+        positive = ["width", "k", "epochs", "batch_size", "eval_batch_size", "synthetic_train", "synthetic_test"]
+        for name in positive + ["subset", "threads"]:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name}={value!r} must be >= 1")
+        if self.synthetic_classes < 2:
+            raise ConfigError(f"synthetic_classes={self.synthetic_classes!r} must be >= 2")
+        for name in ("base_lr", "momentum", "weight_decay", "warmup_epochs", "gamma", "fidelity_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        if any(not isinstance(m, (int, float)) or isinstance(m, bool) or m <= 0 for m in self.milestones):
+            raise ConfigError(f"milestones={self.milestones!r} must be a list of positive epoch numbers")
+        method = METHODS[self.method]
+        if method.needs_reversible and not ARCHS[self.arch].reversible:
+            raise ConfigError(f"method={self.method!r} needs a reversible model, arch={self.arch!r} has none; "
+                              f"use a revnet, or method dsp")
+        if self.dataset != "synthetic" and self.data_source is None and not self.prepared_path().exists():
+            raise ConfigError(f"dataset={self.dataset!r} needs data_source (raw data) or a prepared copy in "
+                              f"{self.prepared_path()}")
+
+    def prepared_path(self) -> Path:
+        return Path(self.data_dir) / self.dataset
+
+    @classmethod
+    def describe(cls) -> str:
+        """Every key with its type, default and description (for --help-config and the docs)."""
+        hints = typing.get_type_hints(cls)
+        lines = []
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            choices = f.metadata.get("choices")
+            extra = f" (one of: {', '.join(choices)})" if choices else ""
+            lines.append(f"{f.name:<18} {_type_name(hints[f.name]):<12} {default!r:<18} {f.metadata['help']}{extra}")
+        return "\n".join(lines)
+
+
+def _type_name(tp) -> str:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if args:
+        return f"{args[0].__name__}?"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(name: str, value, tp):
+    """Check ``value`` against the field type; ints are accepted where floats are expected."""
+    args = typing.get_args(tp)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), tp)
+    if base is float and isinstance(value, str):  # YAML 1.1 reads 5e-4 (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{name} must not be empty; expected {_type_name(tp)}")
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+        list: isinstance(value, list),
+    }.get(base, True)
+    if not ok:
+        raise ConfigError(f"{name}={value!r} has the wrong type; expected {_type_name(tp)}")
+    return float(value) if base is float else value

@@ -1,0 +1,88 @@
+"""Run-directory files: written atomically, so an interrupted write never loses what was there.
+
+A run directory holds ``config.yaml`` (resolved), ``env.json`` (versions, git revision,
+device, threads), ``history.json`` (one record per epoch), ``metrics.json`` (final) and
+``checkpoint.pt`` (everything needed to resume exactly, including the in-flight pipeline).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import yaml
+
+CONFIG, ENV, HISTORY, METRICS, CHECKPOINT = "config.yaml", "env.json", "history.json", "metrics.json", "checkpoint.pt"
+
+
+def atomic_write(path: Path, write) -> None:
+    """Write via a temporary file in the same directory, fsync, then rename over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def write_json(path: Path, obj) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_yaml(path: Path, obj) -> None:
+    write_text(path, yaml.safe_dump(obj, sort_keys=False))
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    atomic_write(path, lambda f: torch.save(state, f))
+
+
+def load_checkpoint(path: Path) -> dict:
+    # our own file: it holds dataclass messages and optimizer state, so not weights_only
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def git_revision() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if rev.returncode != 0:
+        return None
+    return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def environment(device: str) -> dict:
+    """What a reader needs to interpret the run's numbers."""
+    import torchvision
+
+    from . import __version__
+
+    env = {
+        "petra": __version__, "git_revision": git_revision(), "python": sys.version.split()[0],
+        "torch": torch.__version__, "torchvision": torchvision.__version__, "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(), "device": device,
+    }
+    if device == "cuda" and torch.cuda.is_available():
+        env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        env["cuda"] = torch.version.cuda
+    return env

@@ -1,0 +1,205 @@
+"""The distributed runtime (engine/distributed.py, engine/placement.py).
+
+* placement: pure functions (even split, exact balanced split checked against brute force, specs);
+* wire format: header round trip for every slot layout;
+* 2 ranks under torchrun and 3 ranks under the local launcher (gloo, CPU, one thread each): a
+  tiny RevNet trained 10 minibatches with PETRA and with delayed gradients ends with the
+  simulator's weights bit for bit (every tensor of the state_dict, buffers included);
+* failures: a rank SIGKILLed mid-run, and a rank that hangs — every process exits non-zero
+  quickly and the survivors name the failed stage.
+
+Processes are plain subprocesses on 127.0.0.1; each sets torch.set_num_threads(1), and so does
+the simulator reference here (the same kernels on the same thread count).
+"""
+import argparse
+import itertools
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from petra_core import Simulator
+from petra_core.engine.distributed import _restore_layout, _unwire, _wire, demo_setup, free_port, launch_local, parser
+from petra_core.engine.placement import (
+    check_placement,
+    even_partition,
+    format_placement,
+    parse_placement,
+    partition_contiguous,
+)
+
+# ---- placement -------------------------------------------------------------------------------------
+
+
+def test_even_partition():
+    assert even_partition(10, 3) == [range(0, 4), range(4, 7), range(7, 10)]
+    assert even_partition(10, 1) == [range(0, 10)]
+    assert even_partition(4, 4) == [range(i, i + 1) for i in range(4)]
+    with pytest.raises(ValueError, match="cannot place 3 stages on 4 ranks"):
+        even_partition(3, 4)
+
+
+def brute_force(costs, parts):
+    J = len(costs)
+    best = None
+    for cuts in itertools.combinations(range(1, J), parts - 1):
+        bounds = (0, *cuts, J)
+        worst = max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
+        best = worst if best is None else min(best, worst)
+    return best
+
+
+def test_partition_contiguous_is_optimal():
+    rng = random.Random(0)
+    for _ in range(200):
+        J = rng.randint(1, 9)
+        parts = rng.randint(1, J)
+        costs = [rng.choice([0.0, 0.5, 1.0, 2.0, 3.7, 10.0]) for _ in range(J)]
+        ranges = partition_contiguous(costs, parts)
+        assert check_placement(ranges, J, parts) == ranges
+        assert max(sum(costs[j] for j in r) for r in ranges) == pytest.approx(brute_force(costs, parts))
+
+
+def test_partition_contiguous_examples():
+    # RevNet18-like costs: stem cheap, downsampling blocks dearer, head cheap
+    assert partition_contiguous([1, 1, 1, 1], 2) == [range(0, 2), range(2, 4)]
+    assert partition_contiguous([5, 1, 1, 1, 1, 1], 2) == [range(0, 1), range(1, 6)]
+    assert partition_contiguous([1, 1, 1, 1, 1, 5], 2) == [range(0, 5), range(5, 6)]
+    # among equally slow splits, the most even one
+    assert partition_contiguous([4, 1, 1, 4], 2) == [range(0, 2), range(2, 4)]
+    with pytest.raises(ValueError, match="cannot place 2 stages on 3 ranks"):
+        partition_contiguous([1, 1], 3)
+
+
+def test_parse_placement():
+    assert parse_placement("0-3,4-9", 10, 2) == [range(0, 4), range(4, 10)]
+    assert parse_placement("0,1-8,9", 10, 3) == [range(0, 1), range(1, 9), range(9, 10)]
+    assert parse_placement("even", 10, 3) == even_partition(10, 3)
+    assert parse_placement("balanced", 3, 2, costs=[1, 1, 2]) == [range(0, 2), range(2, 3)]
+    assert parse_placement([(0, 5), (5, 10)], 10, 2) == [range(0, 5), range(5, 10)]
+    assert format_placement(parse_placement("0,1-8,9", 10, 3)) == "0,1-8,9"
+    for spec, needle in [("0-3,5-9", "rank 1 should start at stage 4"), ("0-3,4-8", "covers stages 0-8"),
+                         ("0-9", "1 stage ranges for 2 ranks"), ("1-4,5-9", "rank 0 should start at stage 0"),
+                         ("a-b,c", "expected 'even', 'balanced' or ranges"), ("balanced", "needs measured")]:
+        with pytest.raises(ValueError, match=needle):
+            parse_placement(spec, 10, 2)
+
+
+# ---- wire format -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("t", [
+    torch.randn(4, 6, 5, 5),
+    torch.randn(4, 6, 5, 5).to(memory_format=torch.channels_last),
+    torch.randn(5, 4).t(),  # non-contiguous: sent as a contiguous copy
+    torch.randint(0, 9, (4,)),
+    torch.randn(3, dtype=torch.float64),
+    None,
+])
+def test_wire_round_trip(t):
+    slot, dense = _wire(t)
+    received = _unwire(slot, torch.device("cpu"))
+    if t is None:
+        assert received is None and dense is None
+        return
+    buf, layout = received
+    buf.copy_(dense)
+    out = _restore_layout(buf, layout)
+    assert out.dtype == t.dtype and out.shape == t.shape and torch.equal(out, t)
+    assert out.stride() == t.stride() or not t.is_contiguous(memory_format=torch.channels_last)
+
+
+# ---- bit-for-bit against the simulator -------------------------------------------------------------
+
+COMMON = ["--arch", "revnet18", "--num-classes", "5", "--batch", "4", "--steps", "10", "--threads", "1",
+          "--lr", "0.05", "--timeout", "60"]
+
+
+def simulator_state(argv, method):
+    args = parser().parse_args(argv)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, get_batch, recipe = demo_setup(args)
+        Simulator(model, method, num_batches=args.steps, get_batch=get_batch, batch_size=args.batch, k=args.k,
+                  recipe=recipe).run()
+    finally:
+        torch.set_num_threads(threads)
+    return model.state_dict()
+
+
+def assert_bit_for_bit(saved, reference, method):
+    assert list(saved) == list(reference), method
+    differ = [k for k, v in reference.items() if not torch.equal(saved[k], v)]
+    assert not differ, f"{method}: {len(differ)} tensors differ from the simulator, e.g. {differ[:3]}"
+    assert any(v.dtype == torch.int64 for v in saved.values())  # buffers (num_batches_tracked) compared too
+
+
+def check_outcome(procs):
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{p.err[-3000:]}"
+
+
+def test_two_ranks_under_torchrun_match_the_simulator(tmp_path):
+    argv = [*COMMON, "--width", "4", "--image-size", "16", "--method", "petra,delayed",
+            "--placement", "0-4,5-9", "--save", str(tmp_path / "{method}.pt")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--node-rank=0", "--nproc-per-node=2",
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "petra_core.engine.distributed", *argv]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=110)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "placement 0-4,5-9" in out.stdout
+    for method in ("petra", "delayed"):
+        assert_bit_for_bit(torch.load(tmp_path / f"{method}.pt"), simulator_state(argv, method), method)
+
+
+def test_three_ranks_balanced_placement_with_accumulation_match_the_simulator(tmp_path):
+    # k = 3 over 10 minibatches: the final partial group is flushed like the simulator's
+    argv = [*COMMON, "--width", "2", "--image-size", "8", "--k", "3", "--method", "petra,delayed",
+            "--placement", "balanced", "--save", str(tmp_path / "{method}.pt")]
+    procs = launch_local(argv, 3, timeout=110, capture=True)
+    check_outcome(procs)
+    assert procs[0].out.count("on 3 ranks") == 2
+    for method in ("petra", "delayed"):
+        assert_bit_for_bit(torch.load(tmp_path / f"{method}.pt"), simulator_state(argv, method), method)
+
+
+# ---- failures ------------------------------------------------------------------------------------------
+
+FAIL = ["--arch", "revnet18", "--num-classes", "5", "--width", "2", "--image-size", "8", "--batch", "4",
+        "--threads", "1", "--method", "petra"]
+
+
+def test_killed_rank_stops_every_rank_and_is_named():
+    """Rank 2 (stages 7-9) SIGKILLs itself at tick 8: ranks 1 and 0 exit non-zero within seconds;
+    both name stage 7 (rank 2) — rank 0 learns it through the rendezvous store."""
+    procs = launch_local([*FAIL, "--steps", "40", "--timeout", "30", "--fault", "2:8:kill"], 3, timeout=100,
+                         capture=True)
+    killed = procs[2]
+    assert killed.returncode == -9, killed.err
+    for r in (0, 1):
+        p = procs[r]
+        assert p.returncode not in (0, None), f"rank {r}: {p.returncode}"
+        assert p.ended - killed.ended < 60, f"rank {r} took {p.ended - killed.ended:.1f} s to stop"
+        first = p.err.strip().splitlines()[0]
+        assert first.startswith("petra: stage 7 (rank 2) "), p.err
+
+
+def test_hung_rank_times_out_and_every_rank_exits():
+    """Rank 1 stops making progress at tick 6 (alive, sockets open): its neighbours time out
+    (timeout 4 s), report stage 4 (rank 1), and the hung rank's own watchdog ends it too."""
+    t0 = time.monotonic()
+    procs = launch_local([*FAIL, "--steps", "40", "--timeout", "4", "--fault", "1:6:hang"], 3, timeout=100,
+                         capture=True)
+    assert all(p.returncode not in (0, None, -9) for p in procs), [(p.returncode, p.err) for p in procs]
+    assert max(p.ended for p in procs) - t0 < 60
+    for r in (0, 2):
+        assert "stopped responding" in procs[r].err and "(rank 1)" in procs[r].err.splitlines()[0], procs[r].err
+    assert "stopping at tick 6 because of it" in procs[1].err
+
+
+def test_cli_arguments():
+    args = parser().parse_args(["--method", "petra,delayed", "--placement", "0-3,4-9"])
+    assert isinstance(args, argparse.Namespace) and args.timeout == 60

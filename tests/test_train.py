@@ -1,0 +1,153 @@
+"""End-to-end runs: learning, exact resume after a signal, determinism, and clear failures."""
+import json
+import os
+import signal
+import tarfile
+
+import pytest
+import torch
+
+from petra_core import runio
+from petra_core.cli import main
+from petra_core.config import RunConfig
+from petra_core.train import Interrupted, train
+
+TINY = dict(arch="revnet18", width=4, dataset="synthetic", synthetic_train=256, synthetic_test=128,
+            batch_size=32, epochs=2, threads=1, progress=False, base_lr=0.1, warmup_epochs=1.0)
+TIMING = {"images_per_s", "wall_time_s", "eval_time_s"}
+
+
+def cfg(**kw):
+    return RunConfig.from_dict({**TINY, **kw})
+
+
+def untimed(records):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+
+
+def final_state(run_dir):
+    return runio.load_checkpoint(run_dir / runio.CHECKPOINT)["model"]
+
+
+def test_petra_learns_the_synthetic_task(tmp_path):
+    config = cfg(width=8, synthetic_train=1024, synthetic_test=256, batch_size=16, k=4, epochs=4, base_lr=0.05)
+    metrics = train(config, tmp_path / "run", log=lambda m: None)
+    assert metrics["top1"] > 50, metrics  # chance is 10 %
+    files = {p.name for p in (tmp_path / "run").iterdir()}
+    assert {"config.yaml", "env.json", "history.json", "metrics.json", "checkpoint.pt"} <= files
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert [h["epoch"] for h in history] == [1, 2, 3, 4]
+    assert set(history[0]) >= {"train_loss", "train_acc", "test_loss", "top1", "top5", "lr", "images_per_s",
+                               "wall_time_s"}
+    env = json.loads((tmp_path / "run" / "env.json").read_text())
+    assert env["torch"] == torch.__version__ and env["device"] == "cpu" and env["torch_threads"] == 1
+
+
+@pytest.mark.parametrize("method", ["petra", "delayed", "backprop"])
+def test_interrupted_run_resumes_bit_for_bit(tmp_path, method):
+    config = cfg(method=method, k=2)
+    reference = train(config, tmp_path / "ref", log=lambda m: None)
+
+    def interrupt(tick):
+        if tick == 11:  # mid-epoch: the pipeline holds activations, gradients, buffers, stashes
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Interrupted, match="SIGINT at tick 11"):
+        train(config, tmp_path / "resumed", on_tick=interrupt, log=lambda m: None)
+    assert not (tmp_path / "resumed" / "metrics.json").exists()
+    messages = []
+    resumed = train(config, tmp_path / "resumed", log=messages.append)
+    assert "resuming at tick 11" in messages[0]
+    assert untimed([resumed]) == untimed([reference])
+    history = [json.loads((tmp_path / d / "history.json").read_text()) for d in ("ref", "resumed")]
+    assert untimed(history[0]) == untimed(history[1])
+    a, b = final_state(tmp_path / "ref"), final_state(tmp_path / "resumed")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_same_config_same_numbers(tmp_path):
+    first = train(cfg(epochs=1), tmp_path / "a", log=lambda m: None)
+    second = train(cfg(epochs=1), tmp_path / "b", log=lambda m: None)
+    assert untimed([first]) == untimed([second])
+    a, b = final_state(tmp_path / "a"), final_state(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_finished_run_is_not_retrained(tmp_path):
+    train(cfg(epochs=1), tmp_path / "a", log=lambda m: None)
+    said = []
+    train(cfg(epochs=1), tmp_path / "a", log=said.append)
+    assert said == [f"{tmp_path / 'a'}: already finished"]
+
+
+def test_diverged_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
+    run = tmp_path / "run"
+    # learning rate multiplied by 1e30 after epoch 1: the loss blows up during epoch 2
+    code = main(["train", *[f"{k}={v}" for k, v in TINY.items()], "method=backprop", "milestones=[1]", "gamma=1e30",
+                 "--run-dir", str(run)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 3
+    assert err[-1].startswith("petra: error: training loss is") and "(epoch 2," in err[-1]
+    assert "last good checkpoint" in err[-1] and "(epoch 1)" in err[-1]
+    assert len(runio.load_checkpoint(run / "checkpoint.pt")["history"]) == 1
+    assert not (run / "metrics.json").exists()
+
+
+def run_cli(capsys, *args):
+    code = main(list(args))
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["bogus=1"], "unknown config key 'bogus'; allowed:"),
+        (["epochs=two"], "epochs='two' has the wrong type; expected int"),
+        (["method=sgd"], "method='sgd' is not allowed; allowed: backprop"),
+        (["dataset=cifar10", "data_source=/nonexistent/cifar.tar.gz"], "/nonexistent/cifar.tar.gz"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, needle):
+    run = tmp_path / "run"
+    code, err = run_cli(capsys, "train", "progress=false", f"data_dir={tmp_path / 'prepared'}", *args,
+                        "--run-dir", str(run))
+    assert code == 2 and len(err) == 1 and err[0].startswith("petra: error:") and needle in err[0], err
+    assert not run.exists()
+
+
+def test_corrupt_archive_and_checksum_mismatch(tmp_path, capsys):
+    src = tmp_path / "images"
+    for split in ("train", "test"):
+        for c in ("a", "b"):
+            (src / split / c).mkdir(parents=True)
+            from PIL import Image
+
+            for i in range(2):
+                Image.new("RGB", (32, 32), (i * 50, 10, 200)).save(src / split / c / f"{i}.png")
+    archive = tmp_path / "cifar.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(src, arcname=".")
+    truncated = tmp_path / "truncated.tar.gz"
+    truncated.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+    prepared = tmp_path / "prepared"
+    code, err = run_cli(capsys, "train", "dataset=cifar10", f"data_source={truncated}", f"data_dir={prepared}",
+                        "progress=false", "--run-dir", str(tmp_path / "run"))
+    assert code == 2 and len(err) == 1 and "truncated.tar.gz" in err[0], err
+    assert not (prepared / "cifar10").exists() and not (tmp_path / "run").exists()
+
+    code, _ = run_cli(capsys, "prepare", "cifar10", "--source", str(archive), "--out", str(prepared / "cifar10"))
+    assert code == 0
+    labels = prepared / "cifar10" / "train_labels.npy"
+    data = bytearray(labels.read_bytes())
+    data[-1] ^= 1
+    labels.write_bytes(bytes(data))
+    code, err = run_cli(capsys, "train", "dataset=cifar10", f"data_dir={prepared}", "progress=false",
+                        "--run-dir", str(tmp_path / "run"))
+    assert code == 2 and len(err) == 1 and "train_labels.npy" in err[0] and "checksum" in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_help_lists_config_keys(capsys):
+    assert main(["train", "--help-config"]) == 0
+    out = capsys.readouterr().out
+    assert "method" in out and "petra" in out and "fidelity_every" in out
