@@ -27,6 +27,11 @@ def cmd_train(args) -> int:
         return 0
     files = [a for a in args.config if "=" not in a]
     overrides = [a for a in args.config if "=" in a]
+    if args.profile:
+        from .grid import as_override, load_profile
+
+        base = [as_override(k, v) for k, v in load_profile(args.profile)["train"].items()]
+        overrides = base + overrides
     cfg = RunConfig.load(*files, overrides=overrides)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
     try:
@@ -63,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train one run: model x dataset x method x k x seed. CONFIG is any number of "
                                    "YAML files (merged left to right) and key=value overrides.")
     p.add_argument("config", nargs="*", metavar="CONFIG", help="YAML files and key=value overrides")
+    p.add_argument("--profile", help="an experiment profile (workflow/config/profiles/*.yaml): its train section "
+                                     "is the base config, before CONFIG")
     p.add_argument("--run-dir", help="run directory (default: runs/DATASET/ARCH-wWIDTH/METHOD-kK-seedSEED)")
     p.add_argument("--help-config", action="store_true", help="list every config key with default and meaning")
     p.set_defaults(func=cmd_train)
