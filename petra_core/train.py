@@ -152,6 +152,7 @@ def train(cfg: RunConfig, run_dir: str | Path, *, on_tick=None, log=print) -> di
         runio.save_checkpoint(ckpt_path, {"model": model.state_dict(), "pipeline": sim.state_dict(),
                                           "history": history, "config": cfg.to_dict()})
 
+    fidelity = FidelityLog(run_dir / FIDELITY, sim, cfg.fidelity_every)
     head = sim.workers[-1]
     checked = len(head.head_log)
     tick_time, images_done = 0.0, 0
@@ -177,6 +178,7 @@ def train(cfg: RunConfig, run_dir: str | Path, *, on_tick=None, log=print) -> di
                 history.append(epoch_record(epoch, B, sim, model, data, tick_time, images_done))
                 tick_time, images_done = 0.0, 0
                 runio.write_json(run_dir / runio.HISTORY, history)
+                fidelity.write()
                 checkpoint()
             if on_tick is not None:
                 on_tick(sim.tick)
@@ -187,6 +189,37 @@ def train(cfg: RunConfig, run_dir: str | Path, *, on_tick=None, log=print) -> di
     metrics = final_metrics(history, sim, cfg)
     runio.write_json(run_dir / runio.METRICS, metrics)
     return metrics
+
+
+FIDELITY = "fidelity.csv"
+
+
+class FidelityLog:
+    """Optional: every N optimizer steps, each stage's delayed gradient vs the true one (fidelity.csv).
+
+    Observation only (training is bit-identical with or without it). After a resume, tracking
+    restarts with the next accumulation group whose minibatches it sees fetched.
+    """
+
+    def __init__(self, path: Path, sim, every: int):
+        self.path, self.tracker, self.previous = path, None, None
+        if every and sim.schedule.kind == "pipelined":
+            import pandas as pd
+
+            from .accounting import track_fidelity
+
+            self.tracker = track_fidelity(sim, every=every)
+            self.previous = pd.read_csv(path) if path.exists() else None
+
+    def write(self) -> None:
+        if self.tracker is None:
+            return
+        import pandas as pd
+
+        frame = self.tracker.frame()
+        if self.previous is not None:
+            frame = pd.concat([self.previous, frame], ignore_index=True)
+        runio.write_text(self.path, frame.to_csv(index=False))
 
 
 def epoch_record(epoch: int, B: int, sim, model, data, tick_time: float, images: int) -> dict:

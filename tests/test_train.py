@@ -151,3 +151,14 @@ def test_cli_help_lists_config_keys(capsys):
     assert main(["train", "--help-config"]) == 0
     out = capsys.readouterr().out
     assert "method" in out and "petra" in out and "fidelity_every" in out
+
+
+def test_fidelity_log_observes_without_changing_training(tmp_path):
+    plain = train(cfg(epochs=1, k=2), tmp_path / "plain", log=lambda m: None)
+    tracked = train(cfg(epochs=1, k=2, fidelity_every=2), tmp_path / "tracked", log=lambda m: None)
+    assert untimed([plain]) == untimed([tracked])
+    import pandas as pd
+
+    frame = pd.read_csv(tmp_path / "tracked" / "fidelity.csv")
+    assert set(frame["stage"]) == set(range(10)) and (frame["cosine"] <= 1 + 1e-9).all()
+    assert (frame.loc[frame["stage"] == 9, "cosine"] > 0.999999).all()  # the head is never stale
