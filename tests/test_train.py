@@ -161,4 +161,4 @@ def test_fidelity_log_observes_without_changing_training(tmp_path):
 
     frame = pd.read_csv(tmp_path / "tracked" / "fidelity.csv")
     assert set(frame["stage"]) == set(range(10)) and (frame["cosine"] <= 1 + 1e-9).all()
-    assert (frame.loc[frame["stage"] == 9, "cosine"] > 0.999999).all()  # the head is never stale
+    assert (frame.loc[frame["stage"] == 9, "cosine"] > 0.99).all()  # the head: only its input is stale
