@@ -6,6 +6,8 @@ line, ``petra: error: ...``, with a non-zero exit status.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -17,6 +19,36 @@ from .schedule import Schedule
 
 def default_run_dir(cfg: RunConfig) -> Path:
     return Path("runs") / cfg.dataset / f"{cfg.arch}-w{cfg.width}" / f"{cfg.method}-k{cfg.k}-seed{cfg.seed}"
+
+
+def train_args(args) -> list[str]:
+    """The arguments of ``petra train`` as given (to repeat them in another command)."""
+    return [*args.config, *(["--profile", args.profile] if args.profile else []),
+            *(["--run-dir", args.run_dir] if args.run_dir else [])]
+
+
+def signal_hook(spec: str | None, rank: int):
+    """``PETRA_SIGNAL_AT=RANK:TICK[:SIGNAL][,...]`` (testing aid): rank RANK sends itself SIGNAL
+    (default SIGTERM) after tick TICK, as if someone had pressed Ctrl-C at that moment. A resumed
+    run starts after the tick it stopped at, so the same list can interrupt it again later."""
+    if not spec:
+        return None
+    at: dict[int, signal.Signals] = {}
+    for item in spec.split(","):
+        parts = item.strip().split(":")
+        if len(parts) not in (2, 3) or not all(p.strip().isdigit() for p in parts[:2]):
+            raise ConfigError(f"PETRA_SIGNAL_AT={spec!r} is not of the form RANK:TICK[:SIGNAL][,...]")
+        signum = getattr(signal, parts[2] if len(parts) == 3 else "SIGTERM", None)
+        if not isinstance(signum, signal.Signals):
+            raise ConfigError(f"PETRA_SIGNAL_AT={spec!r}: unknown signal {parts[2]!r}")
+        if int(parts[0]) == rank:
+            at[int(parts[1])] = signum
+
+    def on_tick(tick: int) -> None:
+        if tick in at:
+            os.kill(os.getpid(), at[tick])
+
+    return on_tick if at else None
 
 
 def cmd_train(args) -> int:
@@ -34,16 +66,40 @@ def cmd_train(args) -> int:
         overrides = base + overrides
     cfg = RunConfig.load(*files, overrides=overrides)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
+    distributed = cfg.runtime == "distributed"
+    if distributed and "WORLD_SIZE" not in os.environ:
+        from .runtime import torchrun_command
+
+        raise ConfigError("runtime=distributed runs one process per rank: launch it with torchrun, e.g. "
+                          + torchrun_command(train_args(args)) + " (N ranks: --nproc-per-node=N)")
+    rank = int(os.environ.get("RANK", "0")) if distributed else 0
+
+    def say(msg: str) -> None:  # rank 0 speaks for a distributed run (the others would repeat it)
+        if rank == 0:
+            print(msg, file=sys.stderr)
+
     try:
-        metrics = train(cfg, run_dir, log=lambda msg: print(msg, file=sys.stderr))
+        metrics = train(cfg, run_dir, on_tick=signal_hook(os.environ.get("PETRA_SIGNAL_AT"), rank), log=say)
     except Interrupted as stop:
-        print(f"petra: stopped: {stop}", file=sys.stderr)
+        say(f"petra: stopped: {stop}")
         return 130
     except Diverged as err:
-        print(f"petra: error: {err}", file=sys.stderr)
+        say(f"petra: error: {err}")
         return 3
-    print(f"{run_dir}: top-1 {metrics['top1']:.2f} %, top-5 {metrics['top5']:.2f} %, "
-          f"{metrics['images_per_s']:.0f} images/s")
+    except (ConfigError, DataError, ValueError) as err:
+        if not distributed:
+            raise
+        say(f"petra: error: {err}")  # every rank raised it
+        return 2
+    except Exception as err:  # noqa: BLE001 - a distributed rank must exit, not hang in teardown
+        if not distributed:
+            raise
+        from .engine.distributed import fail
+
+        fail(err)
+    if rank == 0:
+        print(f"{run_dir}: top-1 {metrics['top1']:.2f} %, top-5 {metrics['top5']:.2f} %, "
+              f"{metrics['images_per_s']:.0f} images/s")
     return 0
 
 

@@ -7,6 +7,7 @@ key with its default and description.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,9 @@ import yaml
 from .data.sources import DATASETS
 from .methods import METHODS
 from .models import ARCHS
+
+
+_RANGES = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 
 
 class ConfigError(ValueError):
@@ -58,7 +62,10 @@ class RunConfig:
     device: str = _key("cpu", "cpu or cuda (stages spread over the visible GPUs)", ("cpu", "cuda"))
     threads: int | None = _key(None, "torch CPU threads (default: torch's choice)")
     deterministic: bool = _key(True, "deterministic algorithms (bit-exact repeatability on CPU)")
-    runtime: str = _key("simulator", "simulator (one process) or distributed (torchrun)", ("simulator", "distributed"))
+    runtime: str = _key("simulator", "simulator (one process) or distributed (one process per rank, under torchrun)",
+                        ("simulator", "distributed"))
+    placement: str = _key("even", "distributed: stages per rank: even, balanced (measured) or ranges like 0-3,4-9")
+    dist_timeout: float = _key(60.0, "distributed: seconds before a silent peer is declared failed")
     fidelity_every: int = _key(0, "every N optimizer steps, compare delayed gradients with true ones (0 = off)")
     progress: bool = _key(True, "show a tqdm progress bar")
 
@@ -118,6 +125,14 @@ class RunConfig:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
         if any(not isinstance(m, (int, float)) or isinstance(m, bool) or m <= 0 for m in self.milestones):
             raise ConfigError(f"milestones={self.milestones!r} must be a list of positive epoch numbers")
+        if self.dist_timeout <= 0:
+            raise ConfigError(f"dist_timeout={self.dist_timeout!r} must be > 0 (seconds)")
+        if self.placement not in ("even", "balanced") and not _RANGES.fullmatch(self.placement.replace(" ", "")):
+            raise ConfigError(f"placement={self.placement!r} is not allowed; allowed: even, balanced, or inclusive "
+                              f"stage ranges in rank order like 0-3,4-9")
+        if self.runtime == "distributed" and self.fidelity_every:
+            raise ConfigError(f"fidelity_every={self.fidelity_every!r} needs runtime=simulator (the true gradient "
+                              f"needs the whole model in one process); use fidelity_every=0")
         method = METHODS[self.method]
         if method.needs_reversible and not ARCHS[self.arch].reversible:
             raise ConfigError(f"method={self.method!r} needs a reversible model, arch={self.arch!r} has none; "

@@ -6,6 +6,12 @@ has run the backward of the epoch's last minibatch; then the model is evaluated,
 record is appended to ``history.json`` and a checkpoint is written. A SIGINT/SIGTERM writes a
 checkpoint at the end of the current tick and stops; running the same command again resumes
 exactly, in-flight activations, gradients, buffers and stashes included.
+
+The same loop drives both runtimes (``runtime.py``): the simulator (every stage in this
+process) and the distributed pipeline (one process per rank, under torchrun). In a distributed
+run every rank runs this loop on its own stages; rank 0 evaluates and writes the run files,
+and at every tick boundary the ranks agree on whether to stop, so they all checkpoint at the
+same tick.
 """
 from __future__ import annotations
 
@@ -21,10 +27,8 @@ from tqdm import tqdm
 
 from . import runio
 from .config import ConfigError, RunConfig
-from .data import build_data
-from .engine import Simulator
-from .models import build_model
-from .optim import Recipe
+from .data import DataError
+from .runtime import load_data, make_runtime, spread_over_devices  # noqa: F401 - re-exported
 
 TIMING_KEYS = ("images_per_s", "wall_time_s", "eval_time_s")
 
@@ -44,24 +48,6 @@ def setup_runtime(cfg: RunConfig) -> torch.device:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda' but no CUDA device is visible; allowed here: cpu")
     return torch.device(cfg.device)
-
-
-def spread_over_devices(model, device: torch.device) -> None:
-    """Contiguous blocks of stages on each visible GPU (all on one device otherwise)."""
-    if device.type != "cuda" or torch.cuda.device_count() < 2:
-        model.to(device)
-        return
-    n = torch.cuda.device_count()
-    for j, stage in enumerate(model):
-        stage.to(torch.device("cuda", j * n // len(model)))
-
-
-def load_data(cfg: RunConfig):
-    common = dict(batch_size=cfg.batch_size, seed=cfg.seed, subset=cfg.subset, eval_batch_size=cfg.eval_batch_size)
-    if cfg.dataset == "synthetic":
-        return build_data("synthetic", n_train=cfg.synthetic_train, n_test=cfg.synthetic_test,
-                          num_classes=cfg.synthetic_classes, **common)
-    return build_data(cfg.dataset, source=cfg.data_source, prepared_dir=cfg.prepared_path(), **common)
 
 
 @torch.no_grad()
@@ -113,82 +99,109 @@ def check_same_config(run_dir: Path, cfg: RunConfig) -> None:
 
 
 def train(cfg: RunConfig, run_dir: str | Path, *, on_tick=None, log=print) -> dict:
-    """Run (or resume, or report) the run ``cfg`` in ``run_dir``; returns the final metrics."""
+    """Run (or resume, or report) the run ``cfg`` in ``run_dir``; returns the final metrics.
+
+    With ``runtime: distributed`` every rank calls this (under torchrun); all return the metrics.
+    ``on_tick(tick)`` is called after every tick, before the ranks agree on stopping.
+    """
     run_dir = Path(run_dir)
     check_same_config(run_dir, cfg)
     if (run_dir / runio.METRICS).exists():
         log(f"{run_dir}: already finished")
         return runio.json.loads((run_dir / runio.METRICS).read_text())
     device = setup_runtime(cfg)
-    data = load_data(cfg)
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.arch, num_classes=data.num_classes, stem=data.stem, width=cfg.width)
-    spread_over_devices(model, device)
-    B = data.train.num_batches
-    recipe = Recipe(base_lr=cfg.base_lr, momentum=cfg.momentum, nesterov=True, weight_decay=cfg.weight_decay,
-                    warmup_epochs=cfg.warmup_epochs, milestones=tuple(cfg.milestones), gamma=cfg.gamma,
-                    scale_lr=cfg.scale_lr)
-    first_device = next(model.parameters()).device
+    rt = make_runtime(cfg, run_dir, device)
+    ok = False
+    try:
+        metrics = _train(rt, cfg, run_dir, on_tick, log)
+        ok = True
+        return metrics
+    except (Interrupted, Diverged, ConfigError, DataError):  # raised by every rank together
+        ok = True
+        raise
+    except BaseException as err:
+        rt.failed(err)  # distributed: make the other ranks stop instead of waiting for this one
+        raise
+    finally:
+        rt.close(ok)
 
-    def get_batch(mb: int):
-        images, labels = data.train.batch(mb // B, mb % B)
-        return images.to(first_device), labels
 
-    sim = Simulator(model, cfg.method, num_batches=cfg.epochs * B, get_batch=get_batch, batch_size=cfg.batch_size,
-                    k=cfg.k, recipe=recipe, batches_per_epoch=B)
-    epoch_end = {sim.schedule.backward_tick((e + 1) * B - 1, 0): e for e in range(cfg.epochs)}
+def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
+    pipe, B = rt.pipe, rt.batches_per_epoch
+    epoch_end = {pipe.schedule.backward_tick((e + 1) * B - 1, 0): e for e in range(cfg.epochs)}
     history: list[dict] = []
-    ckpt_path = run_dir / runio.CHECKPOINT
-    if ckpt_path.exists():
-        state = runio.load_checkpoint(ckpt_path)
-        model.load_state_dict(state["model"])
-        sim.load_state_dict(state["pipeline"])
-        history = state["history"]
-        log(f"{run_dir}: resuming at tick {sim.tick} of {sim.schedule.num_ticks} (epoch {len(history)})")
-    runio.write_yaml(run_dir / runio.CONFIG, cfg.to_dict())
-    runio.write_json(run_dir / runio.ENV, runio.environment(cfg.device))
+    if rt.has_checkpoint():
+        history = rt.load_checkpoint()
+        if rt.is_main:
+            log(f"{run_dir}: resuming at tick {pipe.tick} of {pipe.schedule.num_ticks} (epoch {len(history)})")
+
+    def write_run_files():
+        runio.write_yaml(run_dir / runio.CONFIG, cfg.to_dict())
+        runio.write_json(run_dir / runio.ENV, {**runio.environment(cfg.device), **rt.environment()})
+
+    rt.on_main(write_run_files)
+    saved_at = [None]
 
     def checkpoint():
-        runio.save_checkpoint(ckpt_path, {"model": model.state_dict(), "pipeline": sim.state_dict(),
-                                          "history": history, "config": cfg.to_dict()})
+        if saved_at[0] != pipe.tick:
+            rt.save_checkpoint(history)
+            saved_at[0] = pipe.tick
 
-    fidelity = FidelityLog(run_dir / FIDELITY, sim, cfg.fidelity_every)
-    head = sim.workers[-1]
-    checked = len(head.head_log)
+    fidelity = FidelityLog(run_dir / FIDELITY, pipe, cfg.fidelity_every)
+    checked = len(pipe.head_log)
     tick_time, images_done = 0.0, 0
-    bar = tqdm(total=sim.schedule.num_ticks, initial=sim.tick, disable=not cfg.progress, unit="tick",
-               desc=f"{cfg.method} {cfg.arch}")
+    bar = tqdm(total=pipe.schedule.num_ticks, initial=pipe.tick, disable=not (cfg.progress and rt.is_main),
+               unit="tick", desc=f"{cfg.method} {cfg.arch}")
     with stop_on_signals() as stop, bar:
-        while not sim.done:
+        while not pipe.done:
             start = time.perf_counter()
-            sim.step()
+            pipe.step()
             tick_time += time.perf_counter() - start
-            for mb, loss, _, n in head.head_log[checked:]:
+            diverged = None
+            for mb, loss, _, n in pipe.head_log[checked:]:  # the head's rank only
                 images_done += n
-                if not math.isfinite(loss):
-                    last = f"{ckpt_path} (epoch {len(history)})" if ckpt_path.exists() else "none"
-                    raise Diverged(f"training loss is {loss} at minibatch {mb} (epoch {mb // B + 1}, "
-                                   f"batch {mb % B + 1}); stopped; last good checkpoint: {last}")
-            checked = len(head.head_log)
+                if not math.isfinite(loss) and diverged is None:
+                    diverged = f"training loss is {loss} at minibatch {mb} (epoch {mb // B + 1}, batch {mb % B + 1})"
+            checked = len(pipe.head_log)
             bar.update(1)
-            if head.head_log:
-                bar.set_postfix(loss=f"{head.head_log[-1][1]:.3f}", img_s=f"{images_done / max(tick_time, 1e-9):.0f}")
-            epoch = epoch_end.get(sim.tick - 1)
-            if epoch is not None:
-                history.append(epoch_record(epoch, B, sim, model, data, tick_time, images_done))
-                tick_time, images_done = 0.0, 0
-                runio.write_json(run_dir / runio.HISTORY, history)
-                fidelity.write()
-                checkpoint()
+            if pipe.head_log:
+                bar.set_postfix(loss=f"{pipe.head_log[-1][1]:.3f}", img_s=f"{images_done / max(tick_time, 1e-9):.0f}")
             if on_tick is not None:
-                on_tick(sim.tick)
-            if stop["signal"] and not sim.done:
+                on_tick(pipe.tick)
+            signalled, diverged = rt.agree(stop["signal"], diverged)
+            if diverged is not None:
+                done_epochs = sum(1 for t in epoch_end if t < pipe.tick - 1)
+                last = f"{rt.checkpoint_path} (epoch {done_epochs})" if rt.checkpoint_path.exists() else "none"
+                raise Diverged(f"{diverged}; stopped; last good checkpoint: {last}")
+            epoch = epoch_end.get(pipe.tick - 1)
+            if epoch is not None:
+                logs = pipe.gather_object([r for r in pipe.head_log if epoch * B <= r[0] < (epoch + 1) * B])
+                images = pipe.gather_object(images_done)
+                model = rt.model_for_eval()
+
+                def record():
+                    log_records = [r for part in logs for r in part]
+                    lr = pipe.workers[0].optimizer.param_groups[0]["lr"]  # stage 0's (rank 0)
+                    history.append(epoch_record(epoch, B, log_records, lr, model, rt.data, tick_time, sum(images)))
+                    runio.write_json(run_dir / runio.HISTORY, history)
+                    fidelity.write()
+
+                rt.on_main(record)
+                tick_time, images_done = 0.0, 0
                 checkpoint()
-                raise Interrupted(f"{stop['signal']} at tick {sim.tick}; checkpoint written to {ckpt_path}; "
+            if signalled and not pipe.done:
+                checkpoint()
+                raise Interrupted(f"{signalled} at tick {pipe.tick}; checkpoint written to {rt.checkpoint_path}; "
                                   f"run the same command again to resume")
-    metrics = final_metrics(history, sim, cfg)
-    runio.write_json(run_dir / runio.METRICS, metrics)
-    return metrics
+    steps = pipe.workers[0].steps  # stage 0's (rank 0)
+    peaks = pipe.gather_object([sum(w.peak_kept.values()) for w in pipe.workers])
+
+    def finish():
+        metrics = final_metrics(history, steps, [p for part in peaks for p in part])
+        runio.write_json(run_dir / runio.METRICS, metrics)
+        return metrics
+
+    return rt.share(rt.on_main(finish))
 
 
 FIDELITY = "fidelity.csv"
@@ -222,8 +235,8 @@ class FidelityLog:
         runio.write_text(self.path, frame.to_csv(index=False))
 
 
-def epoch_record(epoch: int, B: int, sim, model, data, tick_time: float, images: int) -> dict:
-    logs = [r for r in sim.head_log if epoch * B <= r[0] < (epoch + 1) * B]
+def epoch_record(epoch: int, B: int, head_log, lr: float, model, data, tick_time: float, images: int) -> dict:
+    logs = [r for r in head_log if epoch * B <= r[0] < (epoch + 1) * B]
     n = sum(r[3] for r in logs)
     start = time.perf_counter()
     test = evaluate(model, data.test)
@@ -232,14 +245,14 @@ def epoch_record(epoch: int, B: int, sim, model, data, tick_time: float, images:
         "train_loss": sum(r[1] * r[3] for r in logs) / n,
         "train_acc": 100 * sum(r[2] for r in logs) / n,
         **test,
-        "lr": sim.workers[0].optimizer.param_groups[0]["lr"],
+        "lr": lr,
         "images_per_s": images / max(tick_time, 1e-9),
         "wall_time_s": tick_time,
         "eval_time_s": time.perf_counter() - start,
     }
 
 
-def final_metrics(history: list[dict], sim, cfg: RunConfig) -> dict:
+def final_metrics(history: list[dict], optimizer_steps: int, peak_kept_bytes: list[int]) -> dict:
     last = history[-1]
     tail = history[-10:]
     return {
@@ -247,8 +260,7 @@ def final_metrics(history: list[dict], sim, cfg: RunConfig) -> dict:
         "train_loss": last["train_loss"], "train_acc": last["train_acc"],
         "best_top1": max(h["top1"] for h in history),
         "top1_last10_mean": sum(h["top1"] for h in tail) / len(tail),
-        "epochs": len(history), "optimizer_steps": sim.workers[0].steps,
-        "peak_kept_bytes": [sum(w.peak_kept.values()) for w in sim.workers],
+        "epochs": len(history), "optimizer_steps": optimizer_steps, "peak_kept_bytes": peak_kept_bytes,
         "images_per_s": sum(h["images_per_s"] * h["wall_time_s"] for h in history) / sum(h["wall_time_s"] for h in history),
         "wall_time_s": sum(h["wall_time_s"] + h["eval_time_s"] for h in history),
     }

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from torch import Tensor
 
@@ -13,6 +14,44 @@ from .messages import ForwardMsg
 from .worker import StageWorker
 
 GetBatch = Callable[[int], tuple[Tensor, Tensor]]
+
+
+class Pipeline(Protocol):
+    """What the trainer drives: :class:`~petra_core.engine.Simulator` (every stage in one process)
+    and :class:`~petra_core.engine.distributed.DistributedPipeline` (this rank's stages).
+
+    ``step()`` runs one tick of this process's stages; ``workers`` are this process's stage
+    workers (stage order); ``head_log`` is filled where the head lives. ``gather_*`` are
+    collective in a distributed run (every rank calls them, in the same order) and return the
+    result on rank ``dst`` only. ``state_dict()`` / ``load_state_dict()`` capture this process's
+    in-flight pipeline at a tick boundary (weights and buffers are saved separately).
+    """
+
+    schedule: Schedule
+    workers: list[StageWorker]
+    tick: int
+    rank: int
+    world_size: int
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def head_log(self) -> list[tuple[int, float, int, int]]: ...
+
+    def step(self) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def gather_object(self, obj, dst: int = 0) -> list | None: ...
+
+    def gather_head_log(self, dst: int = 0) -> list[tuple[int, float, int, int]] | None: ...
+
+    def gather_state_dict(self, dst: int = 0) -> dict | None: ...
+
+    def close(self) -> None: ...
 
 
 def check_k(k: object) -> int:

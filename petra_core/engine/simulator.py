@@ -80,6 +80,23 @@ class Simulator:
         """(minibatch, loss, correct, batch size) for every minibatch the head has processed."""
         return self.workers[-1].head_log
 
+    # ---- the distributed pipeline's collective calls, for one process ------------------------------
+    rank, world_size, owns_head = 0, 1, True
+
+    def gather_object(self, obj, dst: int = 0) -> list:
+        """Every rank's ``obj``: here the only one's."""
+        return [obj]
+
+    def gather_head_log(self, dst: int = 0) -> list[tuple[int, float, int, int]]:
+        return list(self.head_log)
+
+    def gather_state_dict(self, dst: int = 0) -> dict:
+        """The whole model's state_dict (live tensors: copy before changing the model)."""
+        return self.model.state_dict()
+
+    def close(self) -> None:
+        """Nothing to release (a distributed pipeline stops its threads here)."""
+
 
 def simulate(model: StagedModel, method: str | Method, batches, *, k: int = 1, recipe: Recipe = Recipe(),
              batches_per_epoch: float | None = None) -> Simulator:

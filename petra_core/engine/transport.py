@@ -2,7 +2,7 @@
 
 A message sent at tick t is received at tick t + 1 (the schedule guarantees it); the FIFO order
 plus the minibatch id carried by every message make a wrong delivery an immediate error. The
-distributed transport (engine/distributed.py) implements the same four calls over
+distributed transport (engine/distributed/transport.py) implements the same four calls over
 torch.distributed point-to-point operations.
 """
 from __future__ import annotations

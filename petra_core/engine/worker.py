@@ -119,16 +119,29 @@ class StageWorker:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore after the model's weights and buffers have been loaded."""
+        """Restore after the model's weights and buffers have been loaded (tensors saved on another
+        device, e.g. a checkpoint read onto the CPU, are moved to this stage's)."""
+        device = self.device
         self.steps, self.pending = state["steps"], state["pending"]
-        self.labels, self.head_log = dict(state["labels"]), list(state["head_log"])
+        self.labels, self.head_log = _to_device(dict(state["labels"]), device), list(state["head_log"])
         self.peak_kept = dict(state["peak_kept"])
         for p, g in zip(self.stage.parameters(), state["grads"]):
-            p.grad = None if g is None else g.clone()
+            p.grad = None if g is None else g.to(device, copy=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.storage.load_state_dict(self.stage, state["storage"])
+        self.storage.load_state_dict(self.stage, _to_device(state["storage"], device))
 
     def kept_bytes(self) -> dict[str, int]:
         """Bytes this stage keeps right now between forward and backward, by kind."""
         return self.storage.kept_bytes()
+
+
+def _to_device(obj, device: torch.device):
+    """``obj`` with every tensor in its dicts, lists and tuples on ``device`` (no copy if already there)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(_to_device(v, device) for v in obj)
+    return obj

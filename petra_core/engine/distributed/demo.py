@@ -1,0 +1,183 @@
+"""Demo entry point: the distributed pipeline on random data (``python -m petra_core.engine.distributed``).
+
+Launch with ``torchrun --nproc-per-node=N -m petra_core.engine.distributed ...`` or with
+``--spawn N`` (local processes on 127.0.0.1). Also the fault-injection harness of the tests.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ...models import StagedModel
+from ...optim import Recipe
+from ..pipeline import GetBatch
+from ..placement import format_placement
+from .failures import DEFAULT_TIMEOUT, PipelineError, fail
+from .launch import launch_local
+from .pipeline import DistributedPipeline, RankTimings, init_distributed
+
+
+def synthetic_batch(seed: int, mb: int, batch: int, image_size: int, num_classes: int) -> tuple[Tensor, Tensor]:
+    """Minibatch ``mb`` of random images and labels: a pure function of its arguments."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + mb)
+    return (torch.randn(batch, 3, image_size, image_size, generator=g),
+            torch.randint(0, num_classes, (batch,), generator=g))
+
+
+def demo_setup(args: argparse.Namespace) -> tuple[StagedModel, GetBatch, Recipe]:
+    """Model (seeded), data and recipe of the demo run; the tests rebuild the same for the simulator."""
+    from ...models import build_model
+
+    torch.manual_seed(args.seed)
+    model = build_model(args.arch, num_classes=args.num_classes, width=args.width, stem=args.stem)
+
+    def get_batch(mb: int):
+        return synthetic_batch(args.seed, mb, args.batch, args.image_size, args.num_classes)
+
+    recipe = Recipe(base_lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay, scale_lr=False)
+    return model, get_batch, recipe
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m petra_core.engine.distributed",
+        description="Distributed PETRA pipeline on random data (one process per rank). Launch with "
+                    "torchrun --nproc-per-node=N, or with --spawn N for local processes.")
+    p.add_argument("--arch", default="revnet18")
+    p.add_argument("--width", type=int, default=16, help="base channel count (64 = the paper's models)")
+    p.add_argument("--stem", default="cifar", choices=["cifar", "imagenet"])
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--method", default="petra", help="method, or several separated by commas (run in turn)")
+    p.add_argument("--k", type=int, default=1, help="gradient accumulation")
+    p.add_argument("--steps", type=int, default=20, help="minibatches to train on (optimizer steps when k = 1)")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=5e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--placement", default="even", help="'even', 'balanced' (measured) or ranges '0-3,4-9'")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help="seconds before a silent peer is declared failed")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in each rank")
+    p.add_argument("--save", default=None, help="rank 0 saves the gathered state_dict here ({method} is substituted)")
+    p.add_argument("--json", default=None,
+                   help="rank 0 writes throughput and per-rank timings here ({method} substituted)")
+    p.add_argument("--warmup", type=int, default=1, help="minibatches excluded from the throughput (per end)")
+    p.add_argument("--fault", default=None, metavar="RANK:TICK:KIND",
+                   help="fault injection at the start of tick TICK on rank RANK: kill (SIGKILL itself), "
+                        "exit (os._exit(3)) or hang (stop making progress)")
+    p.add_argument("--spawn", type=int, default=0, metavar="N",
+                   help="launch N local ranks on 127.0.0.1 (instead of torchrun) and wait for them")
+    return p
+
+
+def throughput(pipe: DistributedPipeline, timings: list[RankTimings], batch: int, warmup: int) -> dict:
+    """Images/s over the whole run, and over the window where the pipeline is full (pipelined
+    schedules: ticks 2(J-1) .. n; sequential: minibatches warmup .. n, whole periods)."""
+    sch, n = pipe.schedule, pipe.schedule.num_batches
+    total = max(t.wall_s for t in timings)
+    out = {"images_per_s": n * batch / total if total > 0 else 0.0, "wall_s": total}
+    if sch.kind == "pipelined":
+        a, b = 2 * (sch.num_stages - 1), n
+        count = b - a
+    else:
+        a, b = warmup * sch.period, sch.num_ticks
+        count = n - warmup
+    if count > 0 and a > 0:
+        spans = [t.tick_ends[b - 1] - t.tick_ends[a - 1] for t in timings]
+        out["steady_images_per_s"] = count * batch / max(spans)
+        out["steady_window"] = f"ticks {a}-{b - 1}, {count} minibatches"
+    return out
+
+
+def _run_one(args, method: str, device: torch.device) -> None:
+    model, get_batch, recipe = demo_setup(args)
+    pipe = DistributedPipeline(model, method, num_batches=args.steps, get_batch=get_batch, batch_size=args.batch,
+                               k=args.k, recipe=recipe, placement=args.placement, device=device,
+                               timeout=args.timeout, sync_timing=device.type == "cuda")
+    fault = None
+    if args.fault:
+        r, t, kind = args.fault.split(":")
+        if kind not in ("kill", "exit", "hang"):
+            raise ValueError(f"unknown fault kind {kind!r}; allowed: kill, exit, hang")
+        fault = (int(t), kind) if int(r) == pipe.rank else None
+    while not pipe.done:
+        if fault is not None and pipe.tick == fault[0]:
+            print(f"petra: fault injection: {fault[1]} on {pipe.describe()} at tick {pipe.tick}", file=sys.stderr,
+                  flush=True)
+            if fault[1] == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif fault[1] == "exit":
+                os._exit(3)
+            while True:  # hang: the watchdog ends the process once a neighbour reports it
+                time.sleep(1)
+        pipe.step()
+    sd, log, timings = pipe.gather_state_dict(), pipe.gather_head_log(), pipe.gather_timings()
+    pipe.close()
+    if pipe.rank != 0:
+        return
+    fmt = lambda s: s.replace("{method}", method)  # noqa: E731
+    if args.save:
+        torch.save(sd, fmt(args.save))
+    tp = throughput(pipe, timings, args.batch, args.warmup)
+    steady = ""
+    if "steady_window" in tp:
+        steady = f", steady {tp['steady_images_per_s']:.1f} images/s ({tp['steady_window']})"
+    print(f"petra distributed: {method} {args.arch} width {args.width} batch {args.batch} on {pipe.world_size} "
+          f"ranks ({device.type}), placement {format_placement(pipe.placement)}: {tp['images_per_s']:.1f} images/s"
+          f"{steady}" + (f", last loss {log[-1][1]:.4f}" if log else ""), flush=True)
+    for t in timings:
+        print(f"  rank {t.rank} ({t.stages}): compute {t.compute_s:.2f} s, waiting {t.recv_wait_s:.2f} s, "
+              f"send {t.send_s:.2f} s, background recv {t.background_recv_s:.2f} s, "
+              f"sent {t.bytes_sent / 2**20:.1f} MiB", flush=True)
+    if args.json:
+        rows = [{k: v for k, v in asdict(t).items() if k != "tick_ends"} for t in timings]
+        with open(fmt(args.json), "w") as f:
+            json.dump({"method": method, "world_size": pipe.world_size, "device": device.type,
+                       "placement": format_placement(pipe.placement), "stage_costs": pipe.stage_costs,
+                       **tp, "ranks": rows, "losses": [l for _, l, _, _ in log]}, f, indent=1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.spawn:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        rest = [a for i, a in enumerate(argv)
+                if not (a == "--spawn" or a.startswith("--spawn=") or (i > 0 and argv[i - 1] == "--spawn"))]
+        procs = launch_local(rest, args.spawn)
+        codes = [p.returncode for p in procs]
+        return 0 if all(c == 0 for c in codes) else 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        device = init_distributed(None if args.device != "cpu" else "gloo", timeout=args.timeout,
+                                  device=None if args.device == "auto" else args.device)
+        for method in args.method.split(","):
+            _run_one(args, method.strip(), device)
+        dist.barrier()
+        dist.destroy_process_group()
+    except PipelineError as err:
+        fail(err)
+    except Exception as err:  # noqa: BLE001 - any other failure must not leave the other ranks waiting
+        import traceback
+
+        traceback.print_exc()
+        rank = os.environ.get("RANK", "?")
+        fail(PipelineError(f"petra: rank {rank} failed before or outside the pipeline: {type(err).__name__}: {err}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Failure handling shared by every rank: error types, one-line messages, the shared failure key.
+
+The first rank to see a failure writes a message naming the failed stage(s) to the rendezvous
+store (``petra/failed``, compare-and-set: the first report wins). A watchdog thread on every
+rank polls that key and ends its process (status 1) with the same message, so all ranks stop
+within seconds of the first detection, whatever collective or receive they are blocked in.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable
+
+import torch.distributed as dist
+
+FAILURE_KEY = "petra/failed"
+DEFAULT_TIMEOUT = 60.0
+
+
+class PipelineError(RuntimeError):
+    """A rank of a distributed pipeline failed or lost a peer. The message names the stage(s)."""
+
+
+class _ProtocolError(RuntimeError):
+    """A message arrived that the schedule did not announce (a bug, or mismatched configurations)."""
+
+
+def _bounded(fn: Callable[[], object], seconds: float) -> object:
+    """Run ``fn`` in a daemon thread; None if it does not finish in time or raises."""
+    box: list = [None]
+
+    def target():
+        with contextlib.suppress(Exception):
+            box[0] = fn()
+
+    th = threading.Thread(target=target, daemon=True)
+    th.start()
+    th.join(seconds)
+    return box[0]
+
+
+def _default_store():
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - no store (single process, custom init): no shared failure key
+        return None
+
+
+def _short(err: BaseException) -> str:
+    """First line of an error, without gloo's source location and advice."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*", "", text)
+    text = text.split(". This is typically caused")[0]
+    return text if len(text) < 300 else text[:297] + "..."
+
+
+def _is_timeout(err: BaseException) -> bool:
+    return isinstance(err, TimeoutError) or "timed out" in str(err).lower() or "timeout" in str(err).lower()
+
+
+def fail(err: BaseException, code: int = 1) -> None:
+    """Print a pipeline failure to stderr and end the process at once (no hanging in teardown)."""
+    print(str(err) if isinstance(err, PipelineError) else f"petra: {type(err).__name__}: {err}",
+          file=sys.stderr, flush=True)
+    os._exit(code)
+
+
+class FailureWatch:
+    """Publishes this rank's first failure to the store and watches for the other ranks'.
+
+    ``describe()`` names this rank (``"rank 1 (stages 4-6)"``); ``tick()`` says where it is.
+    """
+
+    def __init__(self, describe: Callable[[], str], tick: Callable[[], int], store=None):
+        self.describe, self.tick = describe, tick
+        self.store = store if store is not None else _default_store()
+        self.failed: str | None = None
+        self.stopped = threading.Event()
+
+    def start(self) -> None:
+        """Start the watchdog thread (only useful with a store and more than one rank)."""
+        if self.store is not None:
+            threading.Thread(target=self._watch, daemon=True, name="petra-watchdog").start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def report(self, message: str) -> str:
+        """Publish ``message`` as this rank's failure (unless another rank's came first) and stop
+        watching; returns the message to raise — led by the root cause when another rank
+        reported one before."""
+        self.failed = message
+        self.stopped.set()
+        first = None
+        mine = f"{message} [seen by {self.describe()}]"
+        if self.store is not None:
+            store = self.store
+            first = _bounded(lambda: store.compare_set(FAILURE_KEY, "", mine).decode(), 5.0)
+        if first and first != mine:  # another rank saw a failure first: lead with it (the root cause)
+            return f"{first}\n  then on {self.describe()}: {message}"
+        return message
+
+    def _watch(self) -> None:
+        store, poll = self.store, 0.5
+        while not self.stopped.wait(poll):
+            try:
+                if not store.check([FAILURE_KEY]):
+                    continue
+                first = store.get(FAILURE_KEY).decode()
+            except Exception:  # noqa: BLE001 - store gone (its host exited): rely on the connections
+                return
+            if self.stopped.is_set():
+                return
+            print(f"{first}\n  {self.describe()} stopping at tick {self.tick()} because of it", file=sys.stderr,
+                  flush=True)
+            os._exit(1)

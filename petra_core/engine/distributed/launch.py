@@ -1,0 +1,71 @@
+"""Launching ranks on this machine without torchrun (tests, ``--spawn``, ``petra train`` docs)."""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+import torch.distributed as dist
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for local launches)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_local(argv: Sequence[str], nprocs: int, *, timeout: float | None = None, env: dict | None = None,
+                 capture: bool = False, module: str = "petra_core.engine.distributed") -> list[subprocess.Popen]:
+    """Run ``python -m MODULE ARGV`` as ``nprocs`` ranks on 127.0.0.1 and wait for them.
+
+    Like torchrun without its agent: this process hosts the rendezvous store (so it outlives any
+    rank, as torchrun's does) and sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT;
+    a failing rank is *not* killed by the launcher, the ranks stop each other. Processes still
+    running after ``timeout`` seconds are killed. With ``capture`` each process gets ``.out`` and
+    ``.err`` (its output); every process gets ``.ended`` (time.monotonic() when it exited).
+    """
+    store = dist.TCPStore("127.0.0.1", 0, nprocs, True, datetime.timedelta(seconds=max(timeout or 0, 600)),
+                          wait_for_workers=False)
+    procs = []
+    for rank in range(nprocs):
+        e = dict(os.environ, **(env or {}), RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(rank),
+                 LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+                 TORCHELASTIC_USE_AGENT_STORE="True")
+        pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) if capture else {}
+        procs.append(subprocess.Popen([sys.executable, "-m", module, *argv], env=e, **pipes))
+    readers = []
+    if capture:
+        for p in procs:
+            p.out, p.err = "", ""
+            for name in ("out", "err"):
+                def read(p=p, name=name):
+                    setattr(p, name, getattr(p, "std" + name).read())
+
+                readers.append(threading.Thread(target=read, daemon=True))
+        for th in readers:
+            th.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    live = list(procs)
+    while live:
+        for p in list(live):
+            if p.poll() is not None:
+                p.ended = time.monotonic()
+                live.remove(p)
+        if live and deadline is not None and time.monotonic() > deadline:
+            for p in live:
+                p.kill()
+                p.wait()
+                p.ended = time.monotonic()
+            break
+        time.sleep(0.02)
+    for th in readers:
+        th.join(10)
+    del store
+    return procs
+

@@ -1,0 +1,343 @@
+"""The transport between ranks: the four calls of ``run_tick`` over torch.distributed p2p.
+
+A message to a stage on the same rank goes through a local FIFO (like the simulator); to a
+stage on another rank it is sent in the wire format (``wire.py``) on the process group of that
+direction of that pair of neighbouring ranks, so each stream is matched in order and, on NCCL,
+sends and receives never queue behind each other.
+
+A message sent at tick t is consumed at tick t + 1. Sends are non-blocking; a send's handle is
+waited on two ticks later (flow control, and the tensor stays alive until then). At the start
+of tick t a rank asks a background receiver thread (one per incoming edge) for every message
+its remote neighbours send during tick t, so the transfer overlaps compute.
+
+At a tick boundary :meth:`DistributedTransport.settle` receives every message already sent to
+this rank into a local queue and waits for every send to complete: nothing is left on the
+wire, and :meth:`~DistributedTransport.state_dict` captures the messages not yet consumed.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ..messages import BackwardMsg, ForwardMsg
+from .failures import DEFAULT_TIMEOUT, PipelineError, _is_timeout, _ProtocolError, _short
+from .wire import (_BACKWARD, _DIRECTION, _FORWARD, _HEADER, _MAGIC, _SLOT, _restore_layout, _unwire, _wire,
+                   make_message, message_tensors)
+
+
+@dataclass
+class TransportStats:
+    """Seconds the main thread spent blocked receiving (``recv_wait_s``) and sending (posting +
+    waiting for completion, ``send_s``); background receive time (overlapped with compute)."""
+
+    recv_wait_s: float = 0.0
+    send_s: float = 0.0
+    background_recv_s: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages_sent: int = 0
+    messages_received: int = 0
+
+
+@dataclass
+class _Edge:
+    direction: int  # _FORWARD or _BACKWARD: the direction of the messages
+    src: int  # sending stage
+    dst: int  # receiving stage
+    peer: int  # the remote rank
+    group: object  # process group of this direction of this pair of ranks
+
+
+class _Receiver:
+    """Receives, in a daemon thread, the messages of one incoming edge in the order requested."""
+
+    def __init__(self, edge: _Edge, device: torch.device, stats: TransportStats):
+        self.edge, self.device, self.stats = edge, device, stats
+        self.requests: queue.Queue = queue.Queue()
+        self.results: queue.Queue = queue.Queue()
+        self.pending: deque[int] = deque()  # minibatches requested and not yet handed over
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.thread = threading.Thread(target=self._loop, daemon=True,
+                                       name=f"petra-recv-{_DIRECTION[edge.direction]}-{edge.dst}")
+        self.thread.start()
+
+    def request(self, mb: int) -> None:
+        self.pending.append(mb)
+        self.requests.put(mb)
+
+    def stop(self) -> None:
+        self.requests.put(None)
+
+    def _loop(self) -> None:
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+        while True:
+            mb = self.requests.get()
+            if mb is None:
+                return
+            try:
+                with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
+                    self.results.put((mb, self._receive(mb), None))
+            except BaseException as err:  # noqa: BLE001 - handed to the main thread
+                self.results.put((mb, None, err))
+                return
+
+    def _receive(self, mb: int):
+        e = self.edge
+        header = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
+        dist.irecv(header, e.peer, group=e.group).wait()
+        t0 = time.perf_counter()
+        h = header.tolist()
+        if h[0] != _MAGIC or h[1] != e.direction:
+            raise _ProtocolError(f"corrupt message header from rank {e.peer}: {h[:3]}")
+        if h[2] != mb:
+            raise _ProtocolError(f"expected the {_DIRECTION[e.direction]} message of minibatch {mb}, got {h[2]}")
+        slots = [_unwire(h[3:3 + _SLOT], self.device), _unwire(h[3 + _SLOT:], self.device)]
+        works = [dist.irecv(s[0], e.peer, group=e.group) for s in slots if s is not None]
+        for w in works:
+            w.wait()
+        tensors = [None if s is None else _restore_layout(*s) for s in slots]
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        self.stats.background_recv_s += time.perf_counter() - t0
+        self.stats.bytes_received += sum(s[0].numel() * s[0].element_size() for s in slots if s is not None)
+        self.stats.messages_received += 1
+        return make_message(e.direction, mb, *tensors), event
+
+
+class DistributedTransport:
+    """The four transport calls of ``run_tick`` over torch.distributed point-to-point operations.
+
+    ``placement[r]`` is the range of stages rank r owns. Call :meth:`begin_tick` at the start of
+    every tick (it posts this tick's receives and retires old sends) and :meth:`finish` after
+    the last one; :meth:`state_dict` / :meth:`load_state_dict` at a tick boundary.
+    """
+
+    def __init__(self, placement: Sequence[range], schedule, *, rank: int, device: torch.device,
+                 timeout: float = DEFAULT_TIMEOUT, groups: dict | None = None, on_failure=None):
+        self.placement, self.schedule, self.rank = list(placement), schedule, rank
+        self.device, self.timeout = torch.device(device), timeout
+        self.on_failure = on_failure or (lambda message: message)
+        self.owner = {j: r for r, stages in enumerate(self.placement) for j in stages}
+        self.mine = self.placement[rank]
+        self.local: dict[tuple[int, int], deque] = {}
+        self.stats = TransportStats()
+        self.sends: deque = deque()  # (tick, edge, mb, works, tensors)
+        self.tick = -1
+        self.backend = dist.get_backend() if dist.is_initialized() else "gloo"
+        groups = groups if groups is not None else edge_groups(len(self.placement), timeout)
+        J, lo, hi = schedule.num_stages, self.mine.start, self.mine.stop - 1
+        self.out: dict[int, _Edge] = {}  # by direction
+        self.receivers: dict[int, _Receiver] = {}  # by direction
+        if hi + 1 < J:
+            self.out[_FORWARD] = _Edge(_FORWARD, hi, hi + 1, rank + 1, groups[_FORWARD, rank])
+            self.receivers[_BACKWARD] = _Receiver(
+                _Edge(_BACKWARD, hi + 1, hi, rank + 1, groups[_BACKWARD, rank + 1]), self.device, self.stats)
+        if lo > 0:
+            self.out[_BACKWARD] = _Edge(_BACKWARD, lo, lo - 1, rank - 1, groups[_BACKWARD, rank])
+            self.receivers[_FORWARD] = _Receiver(
+                _Edge(_FORWARD, lo - 1, lo, rank - 1, groups[_FORWARD, rank - 1]), self.device, self.stats)
+        self.ready: dict[int, deque] = {direction: deque() for direction in self.receivers}  # received, unconsumed
+
+    # -- naming ---------------------------------------------------------------------------------
+    def where(self, stage: int) -> str:
+        return f"stage {stage} (rank {self.owner[stage]})"
+
+    def _fail(self, message: str) -> PipelineError:
+        return PipelineError(self.on_failure(message))
+
+    # -- per tick -------------------------------------------------------------------------------
+    def begin_tick(self, tick: int) -> None:
+        """Retire sends of ticks <= tick - 2 and request the messages neighbours send in ``tick``."""
+        self.tick = tick
+        self._retire(lambda s: s[0] <= tick - 2)
+        for direction, rx in self.receivers.items():
+            action = self.schedule.action(tick, rx.edge.src)
+            mb = action.forward if direction == _FORWARD else action.backward
+            if mb is not None:
+                rx.request(mb)
+
+    def finish(self) -> None:
+        """Wait for every send to complete and stop the receiver threads."""
+        self._retire(lambda s: True)
+        self.close()
+
+    def close(self) -> None:
+        for rx in self.receivers.values():
+            rx.stop()
+
+    # -- the four calls ---------------------------------------------------------------------------
+    def send_forward(self, src: int, msg: ForwardMsg) -> None:
+        self._send(_FORWARD, src, src + 1, msg.mb, msg.activation, msg.labels)
+
+    def send_backward(self, src: int, msg: BackwardMsg) -> None:
+        self._send(_BACKWARD, src, src - 1, msg.mb, msg.grad, msg.activation)
+
+    def recv_forward(self, dst: int) -> ForwardMsg:
+        return self._recv(_FORWARD, dst)
+
+    def recv_backward(self, dst: int) -> BackwardMsg:
+        return self._recv(_BACKWARD, dst)
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _send(self, direction: int, src: int, dst: int, mb: int, a: Tensor | None, b: Tensor | None) -> None:
+        if self.owner[dst] == self.rank:
+            self.local.setdefault((direction, dst), deque()).append(make_message(direction, mb, a, b))
+            return
+        t0 = time.perf_counter()
+        edge = self.out[direction]
+        (slot_a, wa), (slot_b, wb) = _wire(a), _wire(b)
+        header = torch.tensor([_MAGIC, direction, mb, *slot_a, *slot_b], dtype=torch.int64).to(self.device)
+        tensors = [header] + [t for t in (wa, wb) if t is not None]
+        try:
+            works = [dist.isend(t, edge.peer, group=edge.group) for t in tensors]
+        except Exception as err:  # noqa: BLE001
+            raise self._send_error(edge, mb, err) from err
+        self.sends.append((self.tick, edge, mb, works, tensors))
+        self.stats.bytes_sent += sum(t.numel() * t.element_size() for t in tensors[1:])
+        self.stats.messages_sent += 1
+        self.stats.send_s += time.perf_counter() - t0
+
+    def _send_error(self, edge: _Edge, mb: int, err: BaseException) -> PipelineError:
+        what = f"{self.where(edge.src)} was sending it the {_DIRECTION[edge.direction]} message of minibatch {mb}"
+        if _is_timeout(err):
+            return self._fail(f"petra: {self.where(edge.dst)} stopped responding: timed out after {self.timeout:g} s "
+                              f"while {what} ({_short(err)})")
+        return self._fail(f"petra: {self.where(edge.dst)} failed: connection lost while {what} ({_short(err)})")
+
+    def _retire(self, due: Callable[[tuple], bool]) -> None:
+        t0 = time.perf_counter()
+        try:
+            while self.sends and due(self.sends[0]):
+                _, edge, mb, works, _ = self.sends[0]
+                deadline = time.monotonic() + self.timeout
+                try:
+                    for w in works:
+                        self._wait(w, deadline)
+                except Exception as err:  # noqa: BLE001
+                    raise self._send_error(edge, mb, err) from err
+                self.sends.popleft()
+        finally:
+            self.stats.send_s += time.perf_counter() - t0
+
+    def _wait(self, work, deadline: float) -> None:
+        if self.backend == "gloo":  # gloo's is_completed() only turns true in wait(): wait with a timeout
+            left = max(deadline - time.monotonic(), 0.001)
+            work.wait(timeout=datetime.timedelta(seconds=left))
+            return
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                raise TimeoutError("send did not complete")
+            time.sleep(0.0002)
+        work.wait()
+
+    def _recv(self, direction: int, dst: int):
+        src = dst - 1 if direction == _FORWARD else dst + 1
+        if self.owner[src] == self.rank:
+            return self.local[(direction, dst)].popleft()
+        if self.ready[direction]:  # received at a tick boundary (settle), or restored from a checkpoint
+            return self.ready[direction].popleft()
+        return self._take(direction)
+
+    def _take(self, direction: int):
+        """The oldest requested message of the incoming edge of ``direction`` (waits for it)."""
+        rx = self.receivers[direction]
+        src, dst = rx.edge.src, rx.edge.dst
+        t0 = time.perf_counter()
+        try:
+            mb, result, err = rx.results.get(timeout=self.timeout)
+            rx.pending.popleft()
+        except queue.Empty:
+            mb = rx.pending[0] if rx.pending else "?"
+            raise self._fail(
+                f"petra: {self.where(src)} stopped responding: timed out after {self.timeout:g} s while "
+                f"{self.where(dst)} was waiting for its {_DIRECTION[direction]} message of minibatch {mb}"
+            ) from None
+        finally:
+            self.stats.recv_wait_s += time.perf_counter() - t0
+        what = f"{self.where(dst)} was receiving its {_DIRECTION[direction]} message of minibatch {mb}"
+        if err is not None:
+            if isinstance(err, _ProtocolError):
+                raise self._fail(f"petra: protocol error from {self.where(src)} while {what}: {err} "
+                                 "(do all ranks run the same configuration and version?)") from err
+            if _is_timeout(err):
+                raise self._fail(f"petra: {self.where(src)} stopped responding: timed out after {self.timeout:g} s "
+                                 f"while {what} ({_short(err)})") from err
+            raise self._fail(f"petra: {self.where(src)} failed: connection lost while {what} ({_short(err)})") from err
+        msg, event = result
+        if event is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(event)
+            for t in message_tensors(msg):
+                if t is not None:
+                    t.record_stream(stream)
+        return msg
+
+    # -- checkpointing ----------------------------------------------------------------------------
+    def settle(self) -> None:
+        """At a tick boundary: receive every message requested so far (all those the neighbours
+        sent up to the last tick) into the local queues, and wait for every send to complete.
+        Afterwards nothing addressed to or from this rank is in flight on the wire."""
+        for direction, rx in self.receivers.items():
+            while rx.pending:
+                self.ready[direction].append(self._take(direction))
+        self._retire(lambda s: True)
+
+    def state_dict(self) -> dict:
+        """The messages sent to this rank's stages and not yet consumed (settles first)."""
+        self.settle()
+
+        def pack(msgs):
+            return [(m.mb, *(None if t is None else t.detach().cpu() for t in message_tensors(m))) for m in msgs]
+
+        return {"local": {key: pack(q) for key, q in self.local.items() if q},
+                "ready": {direction: pack(q) for direction, q in self.ready.items() if q}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the queues of :meth:`state_dict` (on a fresh transport, before the first tick)."""
+        if any(rx.pending for rx in self.receivers.values()) or self.sends:
+            raise RuntimeError("load_state_dict needs a transport with nothing in flight")
+
+        def unpack(direction, msgs):
+            return deque(make_message(direction, mb, *(None if t is None else t.to(self.device) for t in (a, b)))
+                         for mb, a, b in msgs)
+
+        self.local = {key: unpack(key[0], msgs) for key, msgs in state["local"].items()}
+        for direction in self.ready:
+            self.ready[direction] = unpack(direction, state["ready"].get(direction, []))
+        unexpected = set(state["ready"]) - set(self.ready)
+        if unexpected:
+            raise ValueError(f"checkpoint holds messages for incoming edges {sorted(unexpected)} this rank lacks "
+                             "(another placement?)")
+
+
+_GROUPS: dict = {}
+
+
+def edge_groups(world_size: int, timeout: float = DEFAULT_TIMEOUT) -> dict[tuple[int, int], object]:
+    """One process group per direction per pair of neighbouring ranks. Keys: (_FORWARD, r) for
+    r -> r+1, (_BACKWARD, r) for r -> r-1. Collective the first time (every rank calls it, in the
+    same order); cached for the current default process group after that."""
+    world = dist.group.WORLD
+    if _GROUPS.get("world") is not world or _GROUPS.get("key") != (world_size, timeout):
+        groups = {}
+        td = datetime.timedelta(seconds=timeout)
+        for r in range(world_size - 1):
+            groups[_FORWARD, r] = dist.new_group([r, r + 1], timeout=td)
+            groups[_BACKWARD, r + 1] = dist.new_group([r, r + 1], timeout=td)
+        _GROUPS.update(world=world, key=(world_size, timeout), groups=groups)
+    return _GROUPS["groups"]
+
