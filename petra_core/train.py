@@ -133,6 +133,8 @@ def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
     if rt.has_checkpoint():
         history = rt.load_checkpoint()
         if rt.is_main:
+            if history:  # a run dir restored from a checkpoint alone gets its history back
+                runio.write_json(run_dir / runio.HISTORY, history)
             log(f"{run_dir}: resuming at tick {pipe.tick} of {pipe.schedule.num_ticks} (epoch {len(history)})")
 
     def write_run_files():

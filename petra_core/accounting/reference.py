@@ -1,18 +1,33 @@
-"""The paper's reference numbers, kept as data (``paper_table1.yaml``, ``paper_table3.yaml``)."""
+"""The paper's reference numbers, kept as data in ONE file: ``petra_core/report/paper_reference.yaml``.
+
+The file is package data shared with the report layer; it is read by path (no import of the
+report package), so accounting stays below the report in the layering.
+"""
 from __future__ import annotations
 
 import ast
 import operator
+from functools import lru_cache
 from pathlib import Path
 
 import yaml
 
-HERE = Path(__file__).parent
+REFERENCE_FILE = Path(__file__).resolve().parent.parent / "report" / "paper_reference.yaml"
+
+
+@lru_cache(maxsize=1)
+def _reference() -> dict:
+    return yaml.safe_load(REFERENCE_FILE.read_text())
 
 
 def load_reference(name: str) -> dict:
-    """``load_reference("paper_table1")`` -> the parsed YAML file beside this module."""
-    return yaml.safe_load((HERE / f"{name}.yaml").read_text())
+    """``load_reference("paper_table1")`` (or ``"table1"``) -> that section of the reference file."""
+    key = name.removeprefix("paper_")
+    data = _reference()
+    if key not in data or not isinstance(data[key], dict):
+        sections = ", ".join(k for k, v in data.items() if isinstance(v, dict))
+        raise KeyError(f"{name!r}: no such section in {REFERENCE_FILE.name}; sections: {sections}")
+    return data[key]
 
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}

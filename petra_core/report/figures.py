@@ -1,0 +1,164 @@
+"""Figures (seaborn) from the tidy results and the cached cost measurements; PNG and PDF, byte-stable.
+
+* ``fig4_accumulation``  top-1 vs accumulation k for the pipelined methods, backprop as a line (Fig. 4);
+* ``training_curves``    training loss and test top-1 per epoch, per method and k (mean ± sd over seeds);
+* ``memory_per_stage``   bytes each stage keeps between forward and backward, per method (from the runs);
+* ``gradient_fidelity``  cosine of each delayed gradient with the true one (the runs' ``fidelity.csv``,
+  or the cached simulated sample in ``results/costs/fidelity.csv`` when no run logged one).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from . import labels  # noqa: E402
+
+FIGURES = ("fig4_accumulation", "training_curves", "memory_per_stage", "gradient_fidelity")
+FORMATS = {"png": {"dpi": 150, "metadata": {"Software": None}}, "pdf": {"metadata": {"CreationDate": None}}}
+PIPELINED = ("delayed", "dsp", "petra")
+
+
+def style() -> None:
+    sns.set_theme(context="paper", style="whitegrid", font_scale=1.0)
+    plt.rcParams.update({"svg.hashsalt": "petra", "pdf.compression": 6, "figure.max_open_warning": 0})
+
+
+def save(fig, out_dir: Path, name: str) -> list[Path]:
+    paths = []
+    for fmt, kw in FORMATS.items():
+        path = out_dir / f"{name}.{fmt}"
+        fig.savefig(path, bbox_inches="tight", **kw)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def _panels(keys: list, width: float = 4.2, height: float = 3.2):
+    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(width * max(1, len(keys)), height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def _empty(message: str):
+    fig, ax = plt.subplots(figsize=(5, 2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, message, ha="center", va="center", wrap=True)
+    return fig
+
+
+def accumulation_metric(summary: pd.DataFrame) -> tuple[str, str]:
+    """The paper averages top-1 over the last 10 epochs; for runs of under 20 epochs that would mix
+    in the first epochs, so the final top-1 is used instead (said on the axis)."""
+    if not summary.empty and summary.epochs.min() >= 20:
+        return "top1_last10_mean", "top-1 (%), mean of the last 10 epochs"
+    return "top1", "top-1 (%), last epoch"
+
+
+def fig4_accumulation(summary: pd.DataFrame, profile: str):
+    metric, ylabel = accumulation_metric(summary)
+    pipelined = summary[summary.method.isin(PIPELINED)]
+    keys = sorted({(r.dataset, r.arch) for r in pipelined.itertuples()})
+    if not keys:
+        return _empty(f"profile {profile}: no pipelined runs")
+    fig, axes = _panels(keys)
+    palette = dict(zip(PIPELINED, sns.color_palette("deep", 4)[1:]))
+    for ax, (dataset, arch) in zip(axes, keys):
+        sub = pipelined[(pipelined.dataset == dataset) & (pipelined.arch == arch)].sort_values("k")
+        for method, g in sub.groupby("method", sort=False):
+            ax.errorbar(g.k, g[f"{metric}_mean"], yerr=g[f"{metric}_std"].fillna(0), marker="o", capsize=3,
+                        color=palette[method], label=labels.METHOD_LABELS[method])
+        bp = summary[(summary.dataset == dataset) & (summary.arch == arch) & (summary.method == "backprop")]
+        if not bp.empty:
+            mean, std = bp[f"{metric}_mean"].iloc[0], bp[f"{metric}_std"].iloc[0]
+            ax.axhline(mean, color="black", ls="--", lw=1, label=f"Backprop (n = {int(bp.n.iloc[0])})")
+            if pd.notna(std):
+                ax.axhspan(mean - std, mean + std, color="black", alpha=0.08)
+        ks = sorted(sub.k.unique())
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.minorticks_off()
+        ax.set(xlabel="accumulation k", ylabel=ylabel,
+               title=f"{labels.model_label(arch)}, {labels.DATASET_LABELS.get(dataset, dataset)}")
+        ax.legend(fontsize="small")
+    fig.suptitle(f"Accumulation: pipelined methods vs backprop (profile {profile}; paper: Fig. 4)", y=1.02)
+    return fig
+
+
+def training_curves(history: pd.DataFrame, profile: str):
+    if history.empty:
+        return _empty(f"profile {profile}: no runs")
+    h = history.assign(run=[labels.run_label(m, k) + f", {labels.model_label(a)}"
+                            for m, k, a in zip(history.method, history.k, history.arch)])
+    datasets = list(h.dataset.unique())
+    fig, axes = plt.subplots(len(datasets), 2, figsize=(10, 3.4 * len(datasets)), squeeze=False)
+    for row, dataset in zip(axes, datasets):
+        sub = h[h.dataset == dataset]
+        for ax, (y, name) in zip(row, [("train_loss", "training loss"), ("top1", "test top-1 (%)")]):
+            sns.lineplot(data=sub, x="epoch", y=y, hue="run", errorbar="sd", marker="o", markersize=3, ax=ax,
+                         legend=ax is row[1])
+            ax.set(ylabel=name, title=f"{labels.DATASET_LABELS.get(dataset, dataset)}: {name}")
+        row[1].legend(fontsize="x-small", loc="best")
+    fig.suptitle(f"Training curves (profile {profile}; mean ± sd over seeds)", y=1.01)
+    fig.tight_layout()
+    return fig
+
+
+def memory_per_stage(memory: pd.DataFrame, profile: str):
+    if memory.empty:
+        return _empty(f"profile {profile}: no runs")
+    m = memory.groupby(["dataset", "arch", "width", "method", "k", "stage", "kind"], as_index=False).kept_bytes.mean()
+    m = m.assign(kept_mb=m.kept_bytes / 1e6, run=[labels.run_label(a, b) for a, b in zip(m.method, m.k)],
+                 stage_label=[f"{s}:{k}" for s, k in zip(m.stage, m.kind)])
+    keys = sorted({(r.dataset, r.arch, r.width) for r in m.itertuples()})
+    fig, axes = _panels(keys, width=5.5, height=3.4)
+    for ax, (dataset, arch, width) in zip(axes, keys):
+        sub = m[(m.dataset == dataset) & (m.arch == arch) & (m.width == width)]
+        order = sub.drop_duplicates("stage").sort_values("stage").stage_label
+        sns.barplot(data=sub, x="stage_label", y="kept_mb", hue="run", order=order, ax=ax)
+        ax.set(xlabel="stage:kind (S stem, R reversible, D downsampling, H head)", ylabel="kept between fwd and bwd (MB)",
+               title=f"{labels.model_label(arch)} width {width}, {labels.DATASET_LABELS.get(dataset, dataset)}")
+        ax.legend(fontsize="x-small")
+    fig.suptitle(f"Memory per stage and method, measured in training (profile {profile})", y=1.02)
+    return fig
+
+
+def gradient_fidelity(fidelity: pd.DataFrame, profile: str, fallback: pd.DataFrame | None):
+    source = f"runs of profile {profile}"
+    data = fidelity
+    if data.empty:
+        if fallback is None or fallback.empty:
+            return _empty(f"profile {profile}: no fidelity data (set fidelity_every > 0)")
+        data, source = fallback, "simulated sample (results/costs/fidelity.csv), no run of the profile logged fidelity"
+    data = data.assign(label=[labels.METHOD_LABELS.get(m, m) for m in data.method])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
+    sns.lineplot(data=data, x="step", y="cosine", hue="label", errorbar=None, marker="o", markersize=4, ax=left)
+    left.set(xlabel="optimizer step", ylabel="cosine to the true gradient", title="over training (mean over stages)")
+    sns.barplot(data=data, x="stage", y="cosine", hue="label", errorbar=None, ax=right)
+    right.set(xlabel="stage", ylabel="mean cosine", title="per stage (mean over steps)")
+    low = max(0.0, float(data.cosine.min()) - 0.05)
+    for ax in (left, right):
+        ax.set_ylim(low, 1.005)
+        ax.legend(fontsize="x-small")
+    fig.suptitle(f"Gradient fidelity of delayed gradients — {source}", y=1.02)
+    return fig
+
+
+def draw_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path, profile: str) -> list[Path]:
+    from . import costs as costs_mod
+    from . import results as results_mod
+
+    style()
+    frames = results_mod.load(results_dir)
+    fallback = costs_mod.load(costs_dir)["fidelity"]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figs = {"fig4_accumulation": fig4_accumulation(frames["summary"], profile),
+            "training_curves": training_curves(frames["history"], profile),
+            "memory_per_stage": memory_per_stage(frames["memory"], profile),
+            "gradient_fidelity": gradient_fidelity(frames["fidelity"], profile, fallback)}
+    return [path for name, fig in figs.items() for path in save(fig, out_dir, name)]

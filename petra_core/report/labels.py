@@ -1,0 +1,68 @@
+"""Display names and number formats shared by the tables and the figures."""
+from __future__ import annotations
+
+import math
+import re
+
+METHOD_LABELS = {"backprop": "Backprop", "revbackprop": "Rev. backprop", "delayed": "Delayed (weight stash)",
+                 "dsp": "DSP (input buffers)", "petra": "PETRA"}
+METHOD_ORDER = ["backprop", "revbackprop", "delayed", "dsp", "petra"]
+DATASET_LABELS = {"cifar10": "CIFAR-10", "imagenet32": "ImageNet32", "imagenet": "ImageNet", "synthetic": "synthetic"}
+
+
+def model_label(arch: str) -> str:
+    """``revnet18`` -> ``RevNet18``."""
+    family, depth = re.fullmatch(r"([a-z]+?)(\d+)", arch).groups()
+    return {"resnet": "ResNet", "revnet": "RevNet"}.get(family, family) + depth
+
+
+def run_label(method: str, k: int) -> str:
+    return f"{METHOD_LABELS.get(method, method)} k={k}"
+
+
+def missing(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def num(x, digits: int = 1) -> str:
+    """A number with ``digits`` decimals; '–' for a missing value."""
+    return "–" if missing(x) else f"{float(x):.{digits}f}"
+
+
+def pm(mean, std, n, digits: int = 1, tex: bool = False) -> str:
+    """``mean ± std (n = N)``; the std is left out when n = 1 (a single run has none)."""
+    if missing(mean):
+        return "–"
+    sign, eq = (r"$\pm$", "$n = {}$") if tex else ("±", "n = {}")
+    spread = f" {sign} {float(std):.{digits}f}" if not missing(std) and int(n) > 1 else ""
+    return f"{float(mean):.{digits}f}{spread} ({eq.format(int(n))})"
+
+
+def millions(count) -> str:
+    return "–" if missing(count) else f"{float(count) / 1e6:.3g}M"
+
+
+def pretty_expr(expr) -> str:
+    """``2*(J-j)/k`` -> ``2(J−j)/k``; ``3*J`` -> ``3J``."""
+    s = str(expr).replace(" ", "")
+    s = re.sub(r"(\d)\*(?=[A-Za-z(])", r"\1", s)
+    return s.replace(")*", ")·").replace("*", "·").replace("-", "−")
+
+
+def formula(expr, value, digits: int = 2) -> str:
+    """A paper cell of Table 1: ``2(J−j) = 14.00``, or just the number for a constant entry."""
+    try:
+        float(str(expr))
+    except ValueError:
+        return f"{pretty_expr(expr)} = {num(value, digits)}"
+    return str(expr)
+
+
+_TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
+        "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "−": "$-$", "·": r"$\cdot$",
+        "×": r"$\times$", "–": "--", "∥": r"$\parallel$", "≥": r"$\geq$", "⌈": r"$\lceil$", "⌉": r"$\rceil$"}
+
+
+def tex(text) -> str:
+    """Escape plain text for LaTeX (and map the few symbols the tables use)."""
+    return "".join(_TEX.get(c, c) for c in str(text))

@@ -1,0 +1,221 @@
+"""The report layer: aggregation of run directories, the paper's reference file, Jinja2 tables.
+
+Fast: fake run directories in tmp_path, cost tables measured at tiny shapes.
+"""
+import json
+import math
+import sys
+from pathlib import Path
+
+import jinja2
+import pandas as pd
+import pytest
+import yaml
+
+from petra_core import grid
+from petra_core.accounting import load_reference
+from petra_core.config import RunConfig
+from petra_core.report import costs, load_paper_reference, results, tables
+from petra_core.report.labels import formula, pm, pretty_expr, tex
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILES = ROOT / "workflow" / "config" / "profiles"
+
+# --- fake runs ---------------------------------------------------------------------------------
+FAKE_PROFILE = {
+    "profile": "fake",
+    "train": {"dataset": "cifar10", "data_source": "nowhere.tar.gz", "width": 8, "epochs": 3, "batch_size": 32,
+              "fidelity_every": 2},
+    "grid": [{"arch": ["revnet18"], "method": ["backprop"], "k": [1], "seed": [0, 1]},
+             {"arch": ["revnet18"], "method": ["petra"], "k": [1, 2], "seed": [0]}],
+}
+TOP1 = {("backprop", 1, 0): 71.25, ("backprop", 1, 1): 72.75, ("petra", 1, 0): 60.5, ("petra", 2, 0): 58.0}
+TRAIN_ACC = {("petra", 1, 0): 61.0, ("petra", 2, 0): 65.0}  # k = 2 has the better training accuracy
+
+
+def write_run(run_dir: Path, cfg: dict, fidelity: bool) -> None:
+    key = (cfg["method"], cfg["k"], cfg["seed"])
+    top1 = TOP1[key]
+    history = [{"epoch": e, "train_loss": 2.0 / e, "train_acc": 20.0 * e, "test_loss": 1.5 / e, "top1": top1 - 10 * (3 - e),
+                "top5": 90.0, "lr": 0.1, "images_per_s": 100.0, "wall_time_s": 10.0, "eval_time_s": 1.0}
+               for e in (1, 2, 3)]
+    metrics = {"top1": top1, "top5": 90.0, "test_loss": 0.5, "train_loss": 0.7,
+               "train_acc": TRAIN_ACC.get(key, 70.0), "best_top1": top1,
+               "top1_last10_mean": sum(h["top1"] for h in history) / 3, "epochs": 3, "optimizer_steps": 30,
+               "peak_kept_bytes": [1_000_000 * (j % 3) for j in range(10)], "images_per_s": 100.0, "wall_time_s": 33.0}
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(RunConfig.from_dict(cfg).to_dict()))
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    (run_dir / "history.json").write_text(json.dumps(history))
+    (run_dir / "env.json").write_text(json.dumps({"device": "cpu", "processor": "test-cpu", "torch_threads": 1,
+                                                  "torch": "x", "git_revision": "abc"}))
+    if fidelity:
+        rows = [{"method": cfg["method"], "step": s, "tick": s, "stage": j, "kind": "R", "num_minibatches": 1,
+                 "cosine": 0.9, "rel_error": 0.1, "grad_norm": 1.0, "true_norm": 1.0} for s in (0, 2) for j in range(3)]
+        pd.DataFrame(rows).to_csv(run_dir / "fidelity.csv", index=False)
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repo")
+    profile_path = root / "fake.yaml"
+    profile_path.write_text(yaml.safe_dump(FAKE_PROFILE))
+    for run, run_dir in zip(grid.expand(FAKE_PROFILE), grid.run_dirs(FAKE_PROFILE)):
+        cfg = {**FAKE_PROFILE["train"], **run.point}
+        write_run(root / run_dir, cfg, fidelity=run.point["method"] == "petra")
+    frames = results.collect(profile_path, root=root)
+    out = root / "results" / "fake"
+    results.write(frames, out)
+    return {"root": root, "profile": profile_path, "frames": frames, "results_dir": out}
+
+
+@pytest.fixture(scope="module")
+def cost_tables(tmp_path_factory):
+    out = tmp_path_factory.mktemp("costs")
+    tiny = {"table1": {"stem": "cifar", "image_size": 16, "width": 4, "num_classes": 10},
+            "fidelity": {"width": 4, "image_size": 8, "batch": 4, "num_batches": 12, "every": 2}}
+    costs.write(costs.measure(tiny), out)
+    return out
+
+
+# --- reference file -----------------------------------------------------------------------------
+def test_reference_file_loads_and_is_the_one_accounting_reads():
+    ref = load_paper_reference()
+    assert ref["table3"]["rows"][3]["memory_gb"] == 20.3
+    assert load_reference("paper_table3") == ref["table3"]
+    assert load_reference("paper_table1") == ref["table1"]
+    assert load_reference("table1")["methods"]["petra"]["time"] == "3"
+    petra18 = next(r for r in ref["table2"]["rows"] if (r["method"], r["arch"]) == ("petra", "revnet18"))
+    assert (petra18["cifar10"], petra18["imagenet32"], petra18["imagenet"]) == (94.9, 54.6, 71.0)
+    assert not list((ROOT / "petra_core" / "accounting").glob("paper_table*.yaml")), "numbers live in one file"
+    with pytest.raises(KeyError):
+        load_reference("paper_table9")
+
+
+def test_paper_profile_encodes_the_papers_recipe():
+    recipe = load_paper_reference()["recipe"]
+    spec = grid.load_profile(PROFILES / "paper.yaml")
+    runs = [RunConfig.from_dict({**spec["train"], **r.point}) for r in grid.expand(spec)]
+    assert {c.device for c in runs} == {"cuda"} and {c.width for c in runs} == {64}
+    for c in runs:
+        want = recipe[c.dataset]
+        assert (c.epochs, c.milestones, c.weight_decay) == (want["epochs"], want["milestones"], want["weight_decay"])
+        assert c.batch_size == want["batch_petra" if c.method == "petra" else "batch_backprop"]
+        assert c.warmup_epochs == recipe["optimizer"]["warmup_epochs"] and c.base_lr == recipe["optimizer"]["base_lr"]
+    ks = {c.k for c in runs if c.method == "petra"}
+    assert ks == set(load_paper_reference()["table2"]["k_choices"])
+    assert {c.seed for c in runs if c.dataset == "cifar10"} == {0, 1, 2}
+
+
+def test_smoke_profile_covers_every_kind_of_run():
+    spec = grid.load_profile(PROFILES / "smoke.yaml")
+    points = [r.point for r in grid.expand(spec)]
+    assert spec["train"]["dataset"] == "synthetic" and spec["train"]["threads"] == 1
+    assert spec["train"]["progress"] is False and spec["train"]["width"] <= 8
+    assert {(p["arch"], p["method"]) for p in points} >= {("resnet18", "backprop"), ("revnet18", "backprop"),
+                                                           ("revnet18", "delayed"), ("revnet18", "dsp"),
+                                                           ("revnet18", "petra")}
+    assert {p["k"] for p in points if p["method"] == "petra"} == {1, 2}
+    assert any(sum(q == {**p, "seed": q["seed"]} for q in points) >= 2 for p in points), "two seeds for one run"
+
+
+def test_dvc_params_are_generated_from_the_default_profile(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.syspath_prepend(str(ROOT / "workflow" / "scripts"))
+    import dvc_params
+
+    assert dvc_params.main(["--check"]) == 0, "params.yaml is stale: python workflow/scripts/dvc_params.py"
+    data = dvc_params.params("smoke")
+    assert len(data["runs"]) == len(grid.expand(grid.load_profile(PROFILES / "smoke.yaml")))
+    assert all(r["data"] == dvc_params.SYNTHETIC_DATA for r in data["runs"].values()) and data["datasets"] == {}
+    sys.modules.pop("dvc_params", None)
+
+
+# --- aggregation --------------------------------------------------------------------------------
+def test_results_table_has_one_row_per_run_with_config_and_metrics(fake):
+    r = fake["frames"]["results"]
+    assert len(r) == 4 and set(r.method) == {"backprop", "petra"}
+    row = r[(r.method == "petra") & (r.k == 2)].iloc[0]
+    assert row.top1 == 58.0 and row.cfg_batch_size == 32 and row.cfg_fidelity_every == 2 and row.env_device == "cpu"
+    assert row.run_dir == "runs/fake/cifar10/revnet18-w8/petra-k2-seed0"
+    assert row.params > 0 and row.num_stages == 10 and math.isclose(row.kept_total_mb, 9.0)
+    assert len(fake["frames"]["history"]) == 4 * 3
+    assert len(fake["frames"]["memory"]) == 4 * 10 and set(fake["frames"]["memory"].kind) == set("SRDH")
+    fid = fake["frames"]["fidelity"]
+    assert len(fid) == 2 * 6 and set(fid.method) == {"petra"}
+
+
+def test_summary_is_mean_std_n_over_seeds(fake):
+    s = results.summarize(fake["frames"]["results"])
+    bp = s[s.method == "backprop"].iloc[0]
+    assert bp.n == 2 and bp.top1_mean == 72.0 and math.isclose(bp.top1_std, pd.Series([71.25, 72.75]).std())
+    assert s[s.method == "petra"].n.tolist() == [1, 1] and s[s.method == "petra"].top1_std.isna().all()
+    assert results.metrics_json(s)["cifar10"]["revnet18-w8"]["backprop-k1"] == {"top1_mean": 72.0, "n": 2,
+                                                                                 "top1_std": round(bp.top1_std, 4)}
+
+
+def test_results_written_and_read_back(fake):
+    back = results.load(fake["results_dir"])
+    assert set(back) == {"results", "history", "memory", "fidelity", "summary"}
+    assert len(back["results"]) == 4 and len(back["summary"]) == 3
+    assert json.loads((fake["results_dir"] / "summary.json").read_text())["cifar10"]
+
+
+def test_missing_runs_are_an_error_unless_allowed(fake, tmp_path):
+    spec = {**FAKE_PROFILE, "grid": FAKE_PROFILE["grid"] + [{"arch": ["revnet18"], "method": ["dsp"], "k": [2],
+                                                              "seed": [0]}]}
+    path = tmp_path / "more.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(results.MissingRuns, match="1 of 5 runs"):
+        results.collect(path, root=fake["root"])
+    assert len(results.collect(path, root=fake["root"], allow_missing=True)["results"]) == 4
+
+
+# --- tables -------------------------------------------------------------------------------------
+def test_tables_hold_our_values_beside_the_papers(fake, cost_tables, tmp_path):
+    paths = tables.render_all(fake["results_dir"], cost_tables, tmp_path, profile="fake")
+    assert sorted(p.name for p in paths) == sorted(f"{n}.{f}" for n in tables.TABLES for f in ("md", "tex"))
+    t2 = (tmp_path / "table2_accuracy.md").read_text()
+    sd = pd.Series([71.25, 72.75]).std()
+    assert f"| Backprop | RevNet18 | 12.2M | 0.177M | 1 |" in t2 and f"72.00 ± {sd:.2f} (n = 2)" in t2 and "| 94.9 |" in t2
+    petra = next(line for line in t2.splitlines() if line.startswith("| PETRA"))
+    assert "| 2 |" in petra and "58.00 (n = 1)" in petra, "k picked on training accuracy (k=2), not on test"
+    assert "PETRA RevNet18: 1, 2" in t2
+    t2tex = (tmp_path / "table2_accuracy.tex").read_text()
+    assert r"\toprule" in t2tex and r"72.00 $\pm$" in t2tex and r"\bottomrule" in t2tex
+    t1 = (tmp_path / "table1_costs.md").read_text()
+    assert "2(J−j)·FG = " in t1 and "| PETRA |" in t1 and "3J = 30.00" in t1
+    t3 = (tmp_path / "table3_memory.md").read_text()
+    assert "| 44.50 | 0.0 % | 44.45 |" in t3 and "What differs from the paper and why" in t3
+    assert "30,391,144 parameters vs the authors' 30,421,608" in t3 and "Measured in the runs of profile `fake`" in t3
+    assert "{{" not in t1 + t2 + t3 + t2tex
+
+
+def test_templates_fail_on_a_missing_value(fake, cost_tables):
+    frames = results.load(fake["results_dir"])
+    context = tables.table2_context(frames, "fake")
+    del context["rows"][0]["cells"]["cifar10"]["std"]
+    with pytest.raises(jinja2.UndefinedError):
+        tables.render("table2_accuracy", "md", context)
+    context = tables.table3_context(costs.load(cost_tables), frames, "fake")
+    del context["stem_gb"]
+    with pytest.raises(jinja2.UndefinedError):
+        tables.render("table3_memory", "md", context)
+
+
+def test_number_formats():
+    assert pm(72.0, 1.06, 2) == "72.0 ± 1.1 (n = 2)" and pm(58.0, float("nan"), 1, 2) == "58.00 (n = 1)"
+    assert pm(None, None, 0) == "–" and pm(1.0, 0.5, 3, 1, tex=True) == r"1.0 $\pm$ 0.5 ($n = 3$)"
+    assert pretty_expr("2*(J-j)/k") == "2(J−j)/k" and pretty_expr("3*J") == "3J"
+    assert formula("1", 1.0) == "1" and formula("2*(J-j)", 14.0) == "2(J−j) = 14.00"
+    assert tex("a_b 5% ±") == r"a\_b 5\% $\pm$"
+
+
+def test_k_is_picked_on_training_accuracy_over_shared_seeds():
+    runs = pd.DataFrame({"k": [1, 2, 2, 4], "seed": [0, 0, 1, 0], "train_acc": [46.0, 46.5, 43.8, 44.0]})
+    group = pd.DataFrame({"k": [1, 2, 4], "top1_mean": [46.9, 46.3, 45.8]})
+    # k=2 wins on seed 0, which every k has; its extra seed 1 does not count against it
+    assert tables.pick_k(group, runs).k == 2
+    assert tables.pick_k(group.iloc[[0]], runs).k == 1
+    tie = pd.DataFrame({"k": [1, 2], "seed": [0, 0], "train_acc": [50.0, 50.0]})
+    assert tables.pick_k(group.iloc[:2], tie).k == 1

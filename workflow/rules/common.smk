@@ -1,0 +1,88 @@
+"""Shared by every rule: the selected profile, its grid (petra_core.grid, never a hand-written
+path) and the targets of the pipeline."""
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from petra_core import grid
+from petra_core.config import RunConfig
+
+# `petra` of the interpreter that runs Snakemake, also when its virtual environment is not active.
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+
+PROFILE = config["profile"]
+PROFILE_FILE = f"{config['profiles_dir']}/{PROFILE}.yaml"
+SPEC = grid.load_profile(PROFILE_FILE)
+validate(SPEC, "../schemas/profile.schema.yaml")
+if SPEC["profile"] != PROFILE:
+    raise ValueError(f"{PROFILE_FILE} declares profile {SPEC['profile']!r}; expected {PROFILE!r} (its file name)")
+# run directory -> grid point; expand() validates every run's full config before any job starts
+RUNS = {path.as_posix(): run for path, run in zip(grid.run_dirs(SPEC), grid.expand(SPEC))}
+CONFIGS = {path: RunConfig.from_dict({**SPEC["train"], **run.point}) for path, run in RUNS.items()}
+DATA_SOURCES = {c.dataset: c.data_source for c in CONFIGS.values() if c.dataset != "synthetic"}
+RESULTS = f"results/{PROFILE}"
+COSTS = "results/costs"
+# Outputs of a run: small records committed to git (checkpoint.pt is DVC's). config.yaml and
+# history.json, also committed, are written by petra train but are not outputs, because Snakemake
+# deletes outputs before a rerun: petra compares config.yaml with the requested config before it
+# resumes from checkpoint.pt (a changed run config is refused, loudly), and a run resumed from its
+# final checkpoint does not write history.json again.
+RECORDS = ("metrics.json", "env.json")
+RESULT_FILES = ("results.csv", "history.csv", "memory.csv", "fidelity.csv", "summary.csv", "summary.json")
+COST_FILES = ("table1_per_stage.csv", "table1.csv", "network_costs.csv", "table3.csv", "fidelity.csv", "costs.json")
+REFERENCE = "petra_core/report/paper_reference.yaml"
+TEMPLATES = sorted(str(path) for path in Path("petra_core/report/templates").glob("*.j2"))
+REPORT_CODE = sorted(str(path) for path in Path("petra_core/report").glob("*.py"))  # renders follow the code
+
+
+wildcard_constraints:
+    profile=PROFILE,
+    dataset="|".join(sorted({c.dataset for c in CONFIGS.values()})),
+    model=r"[a-z]+[0-9]+-w[0-9]+",
+    run=r"[a-z]+-k[0-9]+-seed[0-9]+",
+
+
+def run_dir(wildcards):
+    path = f"runs/{wildcards.profile}/{wildcards.dataset}/{wildcards.model}/{wildcards.run}"
+    if path not in RUNS:
+        raise ValueError(f"{path} is not a run of profile {PROFILE!r} ({PROFILE_FILE})")
+    return path
+
+
+def train_inputs(wildcards):
+    """ancient(): a clone or `dvc pull` gives these files new mtimes; they must not retrain a run."""
+    cfg = CONFIGS[run_dir(wildcards)]
+    inputs = {"profile": ancient(PROFILE_FILE)}
+    if cfg.dataset != "synthetic":
+        inputs["data"] = ancient(cfg.prepared_path().as_posix())
+    return inputs
+
+
+def train_overrides(wildcards):
+    return " ".join(shlex.quote(item) for item in RUNS[run_dir(wildcards)].overrides())
+
+
+def train_settings(wildcards):
+    """The run's settings as the profile states them: a change reruns the run (params trigger)."""
+    point = {**SPEC["train"], **RUNS[run_dir(wildcards)].point}
+    return json.dumps({k: v for k, v in point.items() if k not in ("progress", "threads")}, sort_keys=True)
+
+
+def train_threads(wildcards):
+    return CONFIGS[run_dir(wildcards)].threads or config["train_threads"]
+
+
+def train_resource(name):
+    table = config["train_resources"]
+    return table.get(PROFILE, table["default"])[name]
+
+
+def run_records(name):
+    return [f"{path}/{name}" for path in RUNS]
+
+
+def all_targets():
+    return [*(f"{RESULTS}/{name}" for name in RESULT_FILES), "paper_tables", "figures"]

@@ -1,0 +1,27 @@
+rule figures:
+    """Figures of the selected profile (PNG and PDF): fig4_accumulation, training_curves,
+    memory_per_stage, gradient_fidelity."""
+    input:
+        summary=f"{RESULTS}/summary.csv",
+        history=f"{RESULTS}/history.csv",
+        memory=f"{RESULTS}/memory.csv",
+        fidelity=f"{RESULTS}/fidelity.csv",
+        costs=rules.costs.output,
+        code=REPORT_CODE,
+    output:
+        report(
+            directory("figures"),
+            patterns=["{name}.png"],
+            caption="../report/figures.rst",
+            category="Figures",
+        ),
+    conda:
+        "../envs/petra.yaml"
+    log:
+        f"logs/{PROFILE}/figures.log",
+    params:
+        profile=PROFILE,
+        results=lambda wildcards, input: os.path.dirname(input.summary),
+        costs=lambda wildcards, input: os.path.dirname(input.costs[0]),
+    shell:
+        "petra figures --results {params.results:q} --costs {params.costs:q} --out {output:q} > {log:q} 2>&1"

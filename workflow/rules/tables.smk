@@ -1,0 +1,27 @@
+rule tables:
+    """Tables 1-3 (Markdown and LaTeX booktabs) of the selected profile, ours beside the paper's:
+    paper_tables/table1_costs, table2_accuracy, table3_memory (.md, .tex)."""
+    input:
+        summary=f"{RESULTS}/summary.csv",
+        results=f"{RESULTS}/results.csv",
+        costs=rules.costs.output,
+        reference=REFERENCE,
+        templates=TEMPLATES,
+        code=REPORT_CODE,
+    output:
+        report(
+            directory("paper_tables"),
+            patterns=["{name}.md"],
+            caption="../report/tables.rst",
+            category="Tables",
+        ),
+    conda:
+        "../envs/petra.yaml"
+    log:
+        f"logs/{PROFILE}/tables.log",
+    params:
+        profile=PROFILE,
+        results=lambda wildcards, input: os.path.dirname(input.summary),
+        costs=lambda wildcards, input: os.path.dirname(input.costs[0]),
+    shell:
+        "petra tables --results {params.results:q} --costs {params.costs:q} --out {output:q} > {log:q} 2>&1"

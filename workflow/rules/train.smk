@@ -1,0 +1,23 @@
+rule train:
+    """One run of the grid. `petra train` resumes from the run's checkpoint.pt (not an output: it
+    is large, git-ignored and DVC-tracked). The outputs are small run records committed to git,
+    so a clone has them; its inputs are ancient(), so a clone plans no training."""
+    input:
+        unpack(train_inputs),
+    output:
+        multiext("runs/{profile}/{dataset}/{model}/{run}/", *RECORDS),
+    conda:
+        "../envs/petra.yaml"
+    log:
+        "logs/{profile}/train/{dataset}/{model}/{run}.log",
+    params:
+        overrides=train_overrides,
+        run_dir=run_dir,
+        settings=train_settings,
+    threads: train_threads
+    resources:
+        gpu=train_resource("gpu"),
+        mem_mb=train_resource("mem_mb"),
+        runtime=train_resource("runtime"),
+    shell:
+        "petra train --profile {input.profile:q} {params.overrides} --run-dir {params.run_dir:q} > {log:q} 2>&1"
