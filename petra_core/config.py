@@ -188,3 +188,17 @@ def _coerce(name: str, value, tp):
     if not ok:
         raise ConfigError(f"{name}={value!r} has the wrong type; expected {_type_name(tp)}")
     return float(value) if base is float else value
+
+
+WATCH_KEYS = ("progress", "threads")  # how a run is watched, not what it computes
+
+
+def check_same_run(where: object, saved: dict | None, cfg: RunConfig) -> None:
+    """Refuse to continue a run directory or checkpoint that holds another configuration."""
+    if saved is None:
+        return
+    saved = RunConfig.from_dict(saved).to_dict()
+    for key, value in cfg.to_dict().items():
+        if key not in WATCH_KEYS and saved.get(key) != value:
+            raise ConfigError(f"{where} holds a run with {key}={saved.get(key)!r}, not {value!r}; "
+                              f"use another run directory")

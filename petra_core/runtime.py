@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from . import runio
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, check_same_run
 from .data import DataError, build_data
 from .engine import Simulator
 from .models import build_model
@@ -103,7 +103,7 @@ class LocalRuntime:
         if state.get("runtime", "simulator") != "simulator":
             raise ConfigError(f"{self.checkpoint_path} was written by runtime={state['runtime']}; resume it with "
                               f"that runtime")
-        check_checkpoint_config(self.checkpoint_path, state.get("config"), self.cfg)
+        check_same_run(self.checkpoint_path, state.get("config"), self.cfg)
         self.model.load_state_dict(state["model"])
         self.pipe.load_state_dict(state["pipeline"])
         return state["history"]
@@ -189,7 +189,7 @@ class DistributedRuntime:
         manifest = runio.load_checkpoint(self.checkpoint_path)
         if manifest.get("runtime") != "distributed":
             raise ConfigError(f"{self.checkpoint_path} was written by runtime=simulator; resume it with that runtime")
-        check_checkpoint_config(self.checkpoint_path, manifest.get("config"), self.cfg)
+        check_same_run(self.checkpoint_path, manifest.get("config"), self.cfg)
         if manifest["world_size"] != self.world_size:
             raise ConfigError(f"{self.checkpoint_path} was written by {manifest['world_size']} ranks, this launch has "
                               f"{self.world_size}; resume with torchrun --nproc-per-node={manifest['world_size']}")
@@ -345,14 +345,3 @@ def make_runtime(cfg: RunConfig, run_dir: Path, device: torch.device):
                           f"add runtime=distributed, or run it as one process")
     return LocalRuntime(cfg, run_dir, device)
 
-
-def check_checkpoint_config(path: Path, saved: dict | None, cfg: RunConfig) -> None:
-    """Refuse to resume a checkpoint made with other settings (how a run is watched may differ)."""
-    if saved is None:
-        return
-    saved = RunConfig.from_dict(saved).to_dict()
-    changed = {k: (saved.get(k), v) for k, v in cfg.to_dict().items()
-               if k not in ("progress", "threads") and saved.get(k) != v}
-    if changed:
-        raise ConfigError(f"{path} was made with other settings (saved, requested) {changed}; "
-                          f"use another run directory")

@@ -26,12 +26,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from . import runio
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, check_same_run
 from .data import DataError
-from .runtime import load_data, make_runtime, spread_over_devices  # noqa: F401 - re-exported
-
-TIMING_KEYS = ("images_per_s", "wall_time_s", "eval_time_s")
-
+from .runtime import make_runtime
 
 class Interrupted(Exception):
     """A signal stopped the run; a checkpoint was written."""
@@ -85,19 +82,6 @@ def stop_on_signals():
             signal.signal(s, h)
 
 
-def check_same_config(run_dir: Path, cfg: RunConfig) -> None:
-    saved_path = run_dir / runio.CONFIG
-    if not saved_path.exists():
-        return
-    saved = RunConfig.from_dict(runio.yaml.safe_load(saved_path.read_text())).to_dict()
-    requested = cfg.to_dict()
-    ignored = {"progress", "threads"}  # how a run is watched, not what it computes
-    for key in requested:
-        if key not in ignored and saved.get(key) != requested[key]:
-            raise ConfigError(f"{run_dir} holds a run with {key}={saved.get(key)!r}, not {requested[key]!r}; "
-                              f"use another run directory")
-
-
 def train(cfg: RunConfig, run_dir: str | Path, *, on_tick=None, log=print) -> dict:
     """Run (or resume, or report) the run ``cfg`` in ``run_dir``; returns the final metrics.
 
@@ -105,7 +89,8 @@ def train(cfg: RunConfig, run_dir: str | Path, *, on_tick=None, log=print) -> di
     ``on_tick(tick)`` is called after every tick, before the ranks agree on stopping.
     """
     run_dir = Path(run_dir)
-    check_same_config(run_dir, cfg)
+    config_file = run_dir / runio.CONFIG
+    check_same_run(run_dir, runio.yaml.safe_load(config_file.read_text()) if config_file.exists() else None, cfg)
     if (run_dir / runio.METRICS).exists():
         log(f"{run_dir}: already finished")
         return runio.json.loads((run_dir / runio.METRICS).read_text())
@@ -184,7 +169,7 @@ def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
                 def record():
                     log_records = [r for part in logs for r in part]
                     lr = pipe.workers[0].optimizer.param_groups[0]["lr"]  # stage 0's (rank 0)
-                    history.append(epoch_record(epoch, B, log_records, lr, model, rt.data, tick_time, sum(images)))
+                    history.append(epoch_record(epoch, log_records, lr, model, rt.data, tick_time, sum(images)))
                     runio.write_json(run_dir / runio.HISTORY, history)
                     fidelity.write()
 
@@ -237,8 +222,8 @@ class FidelityLog:
         runio.write_text(self.path, frame.to_csv(index=False))
 
 
-def epoch_record(epoch: int, B: int, head_log, lr: float, model, data, tick_time: float, images: int) -> dict:
-    logs = [r for r in head_log if epoch * B <= r[0] < (epoch + 1) * B]
+def epoch_record(epoch: int, logs, lr: float, model, data, tick_time: float, images: int) -> dict:
+    """``logs``: the head's (minibatch, loss, correct, n) records of this epoch."""
     n = sum(r[3] for r in logs)
     start = time.perf_counter()
     test = evaluate(model, data.test)

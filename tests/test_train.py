@@ -162,3 +162,12 @@ def test_fidelity_log_observes_without_changing_training(tmp_path):
     frame = pd.read_csv(tmp_path / "tracked" / "fidelity.csv")
     assert set(frame["stage"]) == set(range(10)) and (frame["cosine"] <= 1 + 1e-9).all()
     assert (frame.loc[frame["stage"] == 9, "cosine"] > 0.99).all()  # the head: only its input is stale
+
+
+def test_run_directory_of_another_config_is_refused(tmp_path):
+    from petra_core.config import ConfigError
+
+    train(cfg(epochs=1), tmp_path / "a", log=lambda m: None)
+    with pytest.raises(ConfigError, match="holds a run with k=1, not 2; use another run directory"):
+        train(cfg(epochs=1, k=2), tmp_path / "a", log=lambda m: None)
+    train(cfg(epochs=1, progress=True), tmp_path / "a", log=lambda m: None)  # watching differently is fine
