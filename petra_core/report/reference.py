@@ -5,7 +5,7 @@ from pathlib import Path
 
 import yaml
 
-REFERENCE_FILE = Path(__file__).parent / "paper_reference.yaml"
+from ..accounting.reference import REFERENCE_FILE  # where the file lives is said once, below the report
 SECTIONS = ("table1", "table2", "table3", "figure4", "recipe")
 
 
