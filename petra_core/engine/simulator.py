@@ -50,7 +50,8 @@ class Simulator:
         """Advance every stage by one tick (stages in order; messages arrive one tick later)."""
         if self.done:
             return
-        self.model.train()
+        if not self.model.training:  # evaluation switched it off (a full train() walks every module)
+            self.model.train()
         for worker in self.workers:
             run_tick(worker, self.schedule.action(self.tick, worker.index), self.transport, self.get_batch)
         self.tick += 1

@@ -45,12 +45,11 @@ class StageWorker:
         self.head_log: list[tuple[int, float, int, int]] = []  # head only: (mb, loss, correct, n)
         self.step_hooks: list[StepHook] = []  # called with gradients ready, before each step
         self.peak_kept: dict[str, int] = {}
+        # a stage is placed on its device before its worker is built, and stays there
+        self.params = list(stage.parameters())
+        self.device = self.params[0].device
 
     # ---- the two halves of a tick -------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return next(self.stage.parameters()).device
-
     def forward(self, msg: ForwardMsg) -> ForwardMsg | None:
         x = msg.activation.to(self.device)  # stages may live on different GPUs; a no-op otherwise
         y = self.storage.forward(self.stage, msg.mb, x, input_grad=not self.is_first, version=self.steps)
@@ -71,9 +70,9 @@ class StageWorker:
             self.head_log.append((mb, float(loss.detach()), correct, len(labels)))
         else:
             assert msg is not None and msg.mb == mb, f"stage {self.index}: expected gradient of minibatch {mb}"
-            graph.output.backward(msg.grad.to(self.device))
+            graph.backward(msg.grad.to(self.device))
         if graph.weights is not None:  # graph built on stashed weights: hand their grads to the stage
-            for p, w in zip(self.stage.parameters(), graph.weights):
+            for p, w in zip(self.params, graph.weights):
                 if w.grad is not None:  # a stash is shared by its version's minibatches: take, then clear
                     p.grad = w.grad if p.grad is None else p.grad.add_(w.grad)
                     w.grad = None
@@ -92,7 +91,7 @@ class StageWorker:
         if self.pending == 0:
             return
         if self.pending < self.k:
-            for p in self.stage.parameters():
+            for p in self.params:
                 if p.grad is not None:
                     p.grad.mul_(self.k / self.pending)
         for hook in self.step_hooks:

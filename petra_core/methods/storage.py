@@ -75,6 +75,7 @@ class KeepGraph(StoragePolicy):
         self.name = "graph+stash" if stash else "graph"
         self.records: dict[int, _Recorded] = {}
         self.stashes: dict[int, dict[str, Tensor]] = {}
+        self._fixed: tuple[Tensor, ...] | None = None
 
     def _weights(self, stage: Stage, version: int) -> dict[str, Tensor]:
         if version not in self.stashes:
@@ -89,7 +90,9 @@ class KeepGraph(StoragePolicy):
     def _record(self, stage, mb, x, input_grad, version):
         leaf = x.detach().requires_grad_(input_grad and x.is_floating_point())
         # parameters, stashes and batch-norm statistics are not activations; the output is kept
-        excluded = {t.untyped_storage().data_ptr() for t in (*stage.parameters(), *stage.buffers())}
+        if self._fixed is None:  # the stage's own tensors (it stays where it was placed)
+            self._fixed = (*stage.parameters(), *stage.buffers())
+        excluded = {t.untyped_storage().data_ptr() for t in self._fixed}
         weights = None
         if self.stash:
             weights = self._weights(stage, version)

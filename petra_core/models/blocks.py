@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
-from .stage import LocalGraph, ReversibleStage, Stage
+from .stage import CouplingGraph, ReversibleStage, Stage
 
 
 def conv_bn(c_in: int, c_out: int, kernel: int, stride: int = 1, relu: bool = True) -> nn.Sequential:
@@ -82,7 +82,7 @@ class ReversibleBlock(ReversibleStage):
         y1, y2 = y.chunk(2, dim=1)
         return torch.cat([y2, y1 - self.F(y2)], dim=1)
 
-    def reconstruct(self, y: Tensor, *, input_grad: bool = True) -> LocalGraph:
+    def reconstruct(self, y: Tensor, *, input_grad: bool = True) -> CouplingGraph:
         """Rebuild the input with the current weights while building F's graph.
 
         x = ỹ is exact; F(x) is evaluated once with autograd on, and serves both to recover
@@ -92,7 +92,7 @@ class ReversibleBlock(ReversibleStage):
         x1 = y2.requires_grad_(input_grad)
         f = self.F(x1)
         x2 = (y1 - f.detach()).requires_grad_(input_grad)
-        return LocalGraph((x1, x2), torch.cat([x2 + f, x1], dim=1))
+        return CouplingGraph(x1, x2, f)
 
 
 class DownsamplingBlock(Stage):

@@ -24,13 +24,17 @@ class LocalGraph:
     """A stage's local autograd graph: input leaves -> output.
 
     ``leaves`` are the pieces of the stage input, concatenated along channels (a RevNet activation
-    is its two streams side by side). They are autograd leaves, so after
-    ``output.backward(grad)`` their ``.grad`` is the input gradient δ_j.
+    is its two streams side by side). They are autograd leaves, so after ``backward(grad)`` their
+    ``.grad`` is the input gradient δ_j.
     """
 
     leaves: tuple[Tensor, ...]
     output: Tensor
     weights: tuple[Tensor, ...] | None = None  # stashed weight copies the graph was built on, if any
+
+    def backward(self, grad: Tensor) -> None:
+        """Backpropagate δ_{j+1} (the gradient of the output) into the leaves and the weights."""
+        self.output.backward(grad)
 
     def input_value(self) -> Tensor:
         """The (possibly reconstructed) stage input, detached."""
@@ -43,6 +47,33 @@ class LocalGraph:
         if any(g is None for g in grads):
             return None
         return grads[0] if len(grads) == 1 else torch.cat(grads, dim=1)
+
+
+class CouplingGraph(LocalGraph):
+    """The rebuilt graph of an additive coupling (y, ỹ) = (x̃ + F(x), x): only F's graph is built.
+
+    Backpropagating δ = (δ_y, δ_ỹ) needs no autograd through the sum and the concatenation:
+    x̃ receives δ_y, F receives δ_y, and x receives F's input gradient plus δ_ỹ. This saves
+    the recomputed output (one activation-sized add and concatenation) and its graph.
+    ``output`` is still available, built on demand, for inspection and tests.
+    """
+
+    def __init__(self, x: Tensor, x_tilde: Tensor, f: Tensor):
+        self.leaves, self.f, self.weights = (x, x_tilde), f, None
+
+    @property
+    def output(self) -> Tensor:
+        x, x_tilde = self.leaves
+        return torch.cat([x_tilde + self.f, x], dim=1)
+
+    def backward(self, grad: Tensor) -> None:
+        x, x_tilde = self.leaves
+        g_y, g_y_tilde = grad.chunk(2, dim=1)
+        self.f.backward(g_y)
+        if x.requires_grad:
+            x.grad = g_y_tilde if x.grad is None else x.grad.add_(g_y_tilde)
+        if x_tilde.requires_grad:
+            x_tilde.grad = g_y
 
 
 class Stage(nn.Module):

@@ -1,0 +1,116 @@
+"""Time per training step: our engine against a plain PyTorch loop over the same model.
+
+    python benchmarks/bench_speed.py                               # RevNet18, CIFAR stem, width 8, batch 64, 1 thread
+    python benchmarks/bench_speed.py --width 64 --threads 2        # the paper's width
+    python benchmarks/bench_speed.py --channels-last               # both sides in channels-last memory format
+
+Prints two ratios (issue 11's goals: ours/plain <= 1.05, PETRA/backprop <= 1.40):
+
+* ``backprop / plain`` — our backprop (sequential schedule through the stage workers) against a
+  plain ``loss.backward(); opt.step()`` loop over a copy of the same model and optimizer recipe;
+* ``petra / backprop`` — PETRA's steady-state time per minibatch against our backprop.
+
+Everything runs in one process and the three loops are timed in alternating blocks, so a change
+of load on a shared machine hits all of them alike; each ratio is the median over the blocks.
+A step is one minibatch: forward, backward and optimizer update of every stage (for pipelined
+methods one tick, which does one forward and one backward at every stage).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from petra_core import Recipe, Simulator, build_model
+from petra_core.optim import make_optimizer
+
+
+def plain_loop(model, x, y, recipe: Recipe):
+    """A plain PyTorch training step over ``model`` (same SGD recipe, one optimizer)."""
+    opt, _ = make_optimizer(model, recipe, batch_size=len(y), k=1, steps_per_epoch=1000)
+
+    def step():
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def engine_loop(model, method: str, x, y, recipe: Recipe, **kwargs):
+    """One minibatch through the engine per call, in the pipeline's steady state."""
+    sim = Simulator(model, method, num_batches=10**7, get_batch=lambda mb: (x, y), batch_size=len(y),
+                    recipe=recipe, **kwargs)
+    per_batch = 1 if sim.schedule.kind == "pipelined" else sim.schedule.period
+    sim.run(2 * len(model) * per_batch)  # fill the pipeline
+
+    def step():
+        sim.run(per_batch)
+
+    return step
+
+
+def timed(step, n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        step()
+    return (time.perf_counter() - start) / n
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", default="revnet18")
+    p.add_argument("--width", type=int, default=8)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--steps", type=int, default=5, help="steps per timed block")
+    p.add_argument("--blocks", type=int, default=7, help="alternating timed blocks per loop")
+    p.add_argument("--channels-last", action="store_true", help="model and data in channels-last memory format")
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    base = build_model(args.arch, num_classes=10, width=args.width)
+    x, y = torch.randn(args.batch, 3, 32, 32), torch.randint(0, 10, (args.batch,))
+    if args.channels_last:
+        base = base.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    recipe = Recipe(base_lr=0.01)
+    loops = {"plain": plain_loop(copy.deepcopy(base), x, y, recipe),
+             "backprop": engine_loop(copy.deepcopy(base), "backprop", x, y, recipe)}
+    if base.reversible_stages:
+        loops["petra"] = engine_loop(copy.deepcopy(base), "petra", x, y, recipe)
+    for step in loops.values():  # warm-up: allocator, oneDNN primitive caches
+        timed(step, 2)
+    times: dict[str, list[float]] = {name: [] for name in loops}
+    for _ in range(args.blocks):
+        for name, step in loops.items():
+            times[name].append(timed(step, args.steps))
+    ratio = {"backprop/plain": statistics.median(b / a for a, b in zip(times["plain"], times["backprop"]))}
+    if "petra" in times:
+        ratio["petra/backprop"] = statistics.median(b / a for a, b in zip(times["backprop"], times["petra"]))
+    result = {"arch": args.arch, "width": args.width, "batch": args.batch, "threads": args.threads,
+              "channels_last": args.channels_last,
+              "s_per_step": {name: statistics.median(t) for name, t in times.items()}, "ratio": ratio}
+    print(f"{args.arch}, CIFAR stem, width {args.width}, batch {args.batch}, {args.threads} thread(s)"
+          + (", channels-last" if args.channels_last else "")
+          + f"; median of {args.blocks} alternating blocks of {args.steps} steps")
+    for name, s in result["s_per_step"].items():
+        print(f"  {name:<9} {1000 * s:8.1f} ms/step")
+    for name, r in ratio.items():
+        print(f"  {name:<15} {r:6.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
