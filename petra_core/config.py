@@ -58,9 +58,16 @@ class RunConfig:
     warmup_epochs: float = _key(0.0, "linear warm-up length in epochs (advanced every optimizer step)")
     milestones: list = _key([], "epochs at which the learning rate is multiplied by gamma")
     gamma: float = _key(0.1, "learning-rate decay factor at milestones")
+    # evaluation
+    eval_every: int = _key(1, "evaluate on the test set every N epochs (and always after the last)")
+    bn_reestimate_batches: int = _key(
+        50, "after training, also report top-1 with batch-norm statistics re-estimated on this many fixed "
+            "training batches (a diagnostic; 0 = off)")
     # execution
     device: str = _key("cpu", "cpu or cuda (stages spread over the visible GPUs)", ("cpu", "cuda"))
     threads: int | None = _key(None, "torch CPU threads (default: torch's choice)")
+    channels_last: bool = _key(False, "weights and activations in channels-last memory format (faster oneDNN "
+                                      "convolutions at some widths; measure with benchmarks/bench_speed.py)")
     deterministic: bool = _key(True, "deterministic algorithms (bit-exact repeatability on CPU)")
     runtime: str = _key("simulator", "simulator (one process) or distributed (one process per rank, under torchrun)",
                         ("simulator", "distributed"))
@@ -113,14 +120,16 @@ class RunConfig:
             value = getattr(self, f.name)
             if choices and value not in choices:
                 raise ConfigError(f"{f.name}={value!r} is not allowed; allowed: {', '.join(map(str, choices))}")
-        positive = ["width", "k", "epochs", "batch_size", "eval_batch_size", "synthetic_train", "synthetic_test"]
+        positive = ["width", "k", "epochs", "batch_size", "eval_batch_size", "synthetic_train", "synthetic_test",
+                    "eval_every"]
         for name in positive + ["subset", "threads"]:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name}={value!r} must be >= 1")
         if self.synthetic_classes < 2:
             raise ConfigError(f"synthetic_classes={self.synthetic_classes!r} must be >= 2")
-        for name in ("base_lr", "momentum", "weight_decay", "warmup_epochs", "gamma", "fidelity_every"):
+        for name in ("base_lr", "momentum", "weight_decay", "warmup_epochs", "gamma", "fidelity_every",
+                     "bn_reestimate_batches"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
         if any(not isinstance(m, (int, float)) or isinstance(m, bool) or m <= 0 for m in self.milestones):

@@ -7,6 +7,7 @@ device, threads), ``history.json`` (one record per epoch), ``metrics.json`` (fin
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import subprocess
@@ -20,12 +21,23 @@ import yaml
 CONFIG, ENV, HISTORY, METRICS, CHECKPOINT = "config.yaml", "env.json", "history.json", "metrics.json", "checkpoint.pt"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+FILE_MODE = 0o666 & ~_umask()  # what open() would give: readable by the group on a shared cluster
+
+
 def atomic_write(path: Path, write) -> None:
-    """Write via a temporary file in the same directory, fsync, then rename over ``path``."""
+    """Write via a temporary file in the same directory, fsync, then rename over ``path``.
+    The file gets the mode a plain ``open()`` would give it (not mkstemp's private 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -40,8 +52,27 @@ def write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode()))
 
 
+def finite_json(obj):
+    """``obj`` with every NaN or infinite float replaced by None (strict JSON has no NaN); a dict
+    that held one gets ``"non_finite": {key: "nan" | "inf" | "-inf"}``, the reason."""
+    if isinstance(obj, dict):
+        out, reasons = {}, {}
+        for key, value in obj.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                out[key], reasons[key] = None, repr(value)
+            else:
+                out[key] = finite_json(value)
+        if reasons:
+            out["non_finite"] = reasons
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [None if isinstance(v, float) and not math.isfinite(v) else finite_json(v) for v in obj]
+    return obj
+
+
 def write_json(path: Path, obj) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    """Strict JSON (no NaN or Infinity): non-finite numbers become null, see :func:`finite_json`."""
+    write_text(path, json.dumps(finite_json(obj), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 def write_yaml(path: Path, obj) -> None:

@@ -41,6 +41,20 @@ def load_data(cfg: RunConfig):
     return build_data(cfg.dataset, source=cfg.data_source, prepared_dir=cfg.prepared_path(), **common)
 
 
+def make_model(cfg: RunConfig, num_classes: int, stem: str):
+    """The run's model, initialised from its seed (every rank of a distributed run builds the same)."""
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.arch, num_classes=num_classes, stem=stem, width=cfg.width)
+    if cfg.channels_last:
+        model.to(memory_format=torch.channels_last)
+    return model
+
+
+def finite(module) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in (*module.parameters(), *module.buffers())
+               if t.is_floating_point())
+
+
 def spread_over_devices(model, device: torch.device) -> None:
     """Contiguous blocks of stages on each visible GPU (all on one device otherwise)."""
     if device.type != "cuda" or torch.cuda.device_count() < 2:
@@ -66,8 +80,7 @@ class LocalRuntime:
         self.cfg, self.checkpoint_path = cfg, run_dir / runio.CHECKPOINT
         self.data = load_data(cfg)
         self.batches_per_epoch = B = self.data.train.num_batches
-        torch.manual_seed(cfg.seed)
-        self.model = build_model(cfg.arch, num_classes=self.data.num_classes, stem=self.data.stem, width=cfg.width)
+        self.model = make_model(cfg, self.data.num_classes, self.data.stem)
         spread_over_devices(self.model, device)
         first_device = next(self.model.parameters()).device
 
@@ -90,6 +103,10 @@ class LocalRuntime:
 
     def model_for_eval(self):
         return self.model
+
+    def all_finite(self) -> bool:
+        """Are all weights and batch-norm statistics finite?"""
+        return finite(self.model)
 
     def environment(self) -> dict:
         return {}
@@ -172,8 +189,7 @@ class DistributedRuntime:
 
         B, num_classes, stem = self.share(self.together(read_data))
         self.batches_per_epoch = B
-        torch.manual_seed(cfg.seed)
-        self.model = build_model(cfg.arch, num_classes=num_classes, stem=stem, width=cfg.width)
+        self.model = make_model(cfg, num_classes, stem)
 
         def get_batch(mb: int):
             return self.data.train.batch(mb // B, mb % B)
@@ -256,6 +272,13 @@ class DistributedRuntime:
         if self._gathered is None or self._gathered[0] != self.pipe.tick:
             self._gathered = (self.pipe.tick, self.pipe.gather_state_dict())
         return self._gathered[1]
+
+    def all_finite(self) -> bool:
+        """Are the weights and batch-norm statistics of every rank's stages finite? (collective)"""
+        mine = all(finite(self.model[j]) for j in self.pipe.stages)
+        verdicts: list = [None] * self.world_size
+        dist.all_gather_object(verdicts, mine, group=self.control)
+        return all(verdicts)
 
     def model_for_eval(self):
         """Rank 0: its model with every other rank's stages loaded (collective)."""

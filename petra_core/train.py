@@ -22,12 +22,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from . import runio
 from .config import ConfigError, RunConfig, check_same_run
 from .data import DataError
+from .evaluation import evaluate, reestimate_batch_norm
 from .runtime import make_runtime
 
 class Interrupted(Exception):
@@ -35,7 +35,8 @@ class Interrupted(Exception):
 
 
 class Diverged(RuntimeError):
-    """The training loss became NaN or infinite; the last good checkpoint was kept."""
+    """A training loss, a weight or an evaluation loss became NaN or infinite; the last good
+    checkpoint was kept."""
 
 
 def setup_runtime(cfg: RunConfig) -> torch.device:
@@ -45,25 +46,6 @@ def setup_runtime(cfg: RunConfig) -> torch.device:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda' but no CUDA device is visible; allowed here: cpu")
     return torch.device(cfg.device)
-
-
-@torch.no_grad()
-def evaluate(model, stream) -> dict:
-    """Test loss, top-1 and top-5 (%) with running batch-norm statistics."""
-    model.eval()
-    first = next(model.parameters()).device
-    last = next(model[-1].parameters()).device
-    loss = top1 = top5 = n = 0.0
-    for images, labels in stream.iter_epoch(0):
-        logits = model(images.to(first))
-        labels = labels.to(last)
-        loss += float(F.cross_entropy(logits, labels, reduction="sum"))
-        top = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        top1 += float((top[:, 0] == labels).sum())
-        top5 += float((top == labels[:, None]).any(dim=1).sum())
-        n += len(labels)
-    model.train()
-    return {"test_loss": loss / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n}
 
 
 @contextmanager
@@ -127,12 +109,17 @@ def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
         runio.write_json(run_dir / runio.ENV, {**runio.environment(cfg.device), **rt.environment()})
 
     rt.on_main(write_run_files)
-    saved_at = [None]
+    saved = {"tick": pipe.tick if rt.checkpoint_path.exists() else None, "epochs": len(history)}  # what is on disk
 
     def checkpoint():
-        if saved_at[0] != pipe.tick:
+        if saved["tick"] != pipe.tick:
             rt.save_checkpoint(history)
-            saved_at[0] = pipe.tick
+            saved.update(tick=pipe.tick, epochs=len(history))
+
+    def last_good() -> str:
+        if saved["tick"] is None:
+            return "none"
+        return f"{rt.checkpoint_path} (epoch {saved['epochs']})"
 
     fidelity = FidelityLog(run_dir / FIDELITY, pipe, cfg.fidelity_every)
     checked = len(pipe.head_log)
@@ -157,23 +144,31 @@ def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
                 on_tick(pipe.tick)
             signalled, diverged = rt.agree(stop["signal"], diverged)
             if diverged is not None:
-                done_epochs = sum(1 for t in epoch_end if t < pipe.tick - 1)
-                last = f"{rt.checkpoint_path} (epoch {done_epochs})" if rt.checkpoint_path.exists() else "none"
-                raise Diverged(f"{diverged}; stopped; last good checkpoint: {last}")
+                raise Diverged(f"{diverged}; stopped; last good checkpoint: {last_good()}")
             epoch = epoch_end.get(pipe.tick - 1)
             if epoch is not None:
+                if not rt.all_finite():
+                    raise Diverged(f"weights are NaN or infinite after epoch {epoch + 1} (minibatch "
+                                   f"{(epoch + 1) * B - 1}); stopped; last good checkpoint: {last_good()}")
+                due = (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1
                 logs = pipe.gather_object([r for r in pipe.head_log if epoch * B <= r[0] < (epoch + 1) * B])
                 images = pipe.gather_object(images_done)
-                model = rt.model_for_eval()
+                model = rt.model_for_eval() if due else None
 
                 def record():
                     log_records = [r for part in logs for r in part]
                     lr = pipe.workers[0].optimizer.param_groups[0]["lr"]  # stage 0's (rank 0)
-                    history.append(epoch_record(epoch, log_records, lr, model, rt.data, tick_time, sum(images)))
+                    entry = epoch_record(epoch, log_records, lr, model, rt.data, tick_time, sum(images))
+                    history.append(entry)
                     runio.write_json(run_dir / runio.HISTORY, history)
                     fidelity.write()
+                    if due and not math.isfinite(entry["test_loss"]):
+                        return f"test loss is {entry['test_loss']} after epoch {epoch + 1}"
+                    return None
 
-                rt.on_main(record)
+                diverged = rt.share(rt.on_main(record))
+                if diverged is not None:
+                    raise Diverged(f"{diverged}; stopped; last good checkpoint: {last_good()}")
                 tick_time, images_done = 0.0, 0
                 checkpoint()
             if signalled and not pipe.done:
@@ -182,9 +177,19 @@ def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
                                   f"run the same command again to resume")
     steps = pipe.workers[0].steps  # stage 0's (rank 0)
     peaks = pipe.gather_object([sum(w.peak_kept.values()) for w in pipe.workers])
+    model = rt.model_for_eval() if cfg.bn_reestimate_batches else None
 
     def finish():
         metrics = final_metrics(history, steps, [p for part in peaks for p in part])
+        metrics.update(params=sum(p.numel() for p in rt.model.parameters()), stages=len(rt.model),
+                       stage_kinds=rt.model.kinds)
+        if model is not None:
+            start = time.perf_counter()
+            test = evaluate(reestimate_batch_norm(model, rt.data.train, cfg.bn_reestimate_batches), rt.data.test)
+            metrics.update(top1_bn_reestimated=test["top1"], top5_bn_reestimated=test["top5"],
+                           test_loss_bn_reestimated=test["test_loss"],
+                           bn_reestimate_batches=min(cfg.bn_reestimate_batches, rt.data.train.num_batches),
+                           bn_reestimate_time_s=time.perf_counter() - start)
         runio.write_json(run_dir / runio.METRICS, metrics)
         return metrics
 
@@ -223,10 +228,11 @@ class FidelityLog:
 
 
 def epoch_record(epoch: int, logs, lr: float, model, data, tick_time: float, images: int) -> dict:
-    """``logs``: the head's (minibatch, loss, correct, n) records of this epoch."""
+    """``logs``: the head's (minibatch, loss, correct, n) records of this epoch; ``model`` None:
+    no evaluation this epoch (``eval_every``), test metrics recorded as None."""
     n = sum(r[3] for r in logs)
     start = time.perf_counter()
-    test = evaluate(model, data.test)
+    test = evaluate(model, data.test) if model is not None else {"test_loss": None, "top1": None, "top5": None}
     return {
         "epoch": epoch + 1,
         "train_loss": sum(r[1] * r[3] for r in logs) / n,
@@ -240,13 +246,16 @@ def epoch_record(epoch: int, logs, lr: float, model, data, tick_time: float, ima
 
 
 def final_metrics(history: list[dict], optimizer_steps: int, peak_kept_bytes: list[int]) -> dict:
+    """The run's summary. The last epoch is always evaluated; ``best_top1`` and
+    ``top1_last10_mean`` (Fig. 4's "last 10 epochs") use the evaluated epochs among them."""
     last = history[-1]
-    tail = history[-10:]
+    evaluated = [h["top1"] for h in history if h["top1"] is not None]
+    tail = [h["top1"] for h in history[-10:] if h["top1"] is not None]
     return {
         "top1": last["top1"], "top5": last["top5"], "test_loss": last["test_loss"],
         "train_loss": last["train_loss"], "train_acc": last["train_acc"],
-        "best_top1": max(h["top1"] for h in history),
-        "top1_last10_mean": sum(h["top1"] for h in tail) / len(tail),
+        "best_top1": max(evaluated),
+        "top1_last10_mean": sum(tail) / len(tail),
         "epochs": len(history), "optimizer_steps": optimizer_steps, "peak_kept_bytes": peak_kept_bytes,
         "images_per_s": sum(h["images_per_s"] * h["wall_time_s"] for h in history) / sum(h["wall_time_s"] for h in history),
         "wall_time_s": sum(h["wall_time_s"] + h["eval_time_s"] for h in history),
