@@ -42,7 +42,7 @@ wildcard_constraints:
     profile=PROFILE,
     dataset="|".join(sorted({c.dataset for c in CONFIGS.values()})),
     model=r"[a-z]+[0-9]+-w[0-9]+",
-    run=r"[a-z]+-k[0-9]+-seed[0-9]+",
+    run=r"[^/]+",  # run_dir() checks that the path is a run of the profile
 
 
 def run_dir(wildcards):
