@@ -34,7 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from petra_core import Simulator  # noqa: E402
-from petra_core.engine.distributed import demo_setup, launch_local, parser as demo_parser  # noqa: E402
+from petra_core.demo import demo_setup, parser as demo_parser  # noqa: E402
+from petra_core.launch import launch_local  # noqa: E402
 
 
 def single_process(argv: list[str], threads: int | None, device: str, warmup: int) -> float:

@@ -1,14 +1,33 @@
 """petra_core: PETRA (Parallel End-to-end Training with Reversible Architectures) in PyTorch.
 
-Layers, bottom up: models (stages) -> methods (storage policies) and schedule -> engine (stage
-worker, transports, simulator) -> data, config, train -> report -> cli.
+Floors, bottom up (an import never runs back up a floor):
+models (stages) -> methods (storage policies) and schedule -> engine (stage worker, the one tick
+runner, its worlds) -> accounting (observes the engine) -> data, config, grid -> train, runtime
+-> report (reads run records only) -> cli.
+
+The names below are loaded on first use, so ``import petra_core.report`` (or any other floor)
+does not pull in the engine.
 """
-from .engine import Simulator, simulate
-from .methods import METHODS, get_method
-from .models import ARCHS, StagedModel, build_model
-from .optim import Recipe
-from .schedule import Schedule
+from importlib import import_module
 
 __version__ = "0.1.0"
-__all__ = ["ARCHS", "METHODS", "Recipe", "Schedule", "Simulator", "StagedModel", "build_model",
-           "get_method", "simulate", "__version__"]
+
+_EXPORTS = {
+    "ARCHS": "models", "StagedModel": "models", "build_model": "models",
+    "METHODS": "methods", "get_method": "methods",
+    "Pipeline": "engine", "Simulator": "engine", "simulate": "engine",
+    "Recipe": "optim", "Schedule": "schedule",
+}
+__all__ = [*sorted(_EXPORTS), "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

@@ -12,13 +12,10 @@ import sys
 from pathlib import Path
 
 from .config import ConfigError, RunConfig
+from .grid import as_override, default_run_dir, load_profile
 from .data import DATASETS, DataError, prepare
 from .methods import METHODS
 from .schedule import Schedule
-
-
-def default_run_dir(cfg: RunConfig) -> Path:
-    return Path("runs") / cfg.dataset / f"{cfg.arch}-w{cfg.width}" / f"{cfg.method}-k{cfg.k}-seed{cfg.seed}"
 
 
 def train_args(args) -> list[str]:
@@ -60,8 +57,6 @@ def cmd_train(args) -> int:
     files = [a for a in args.config if "=" not in a]
     overrides = [a for a in args.config if "=" in a]
     if args.profile:
-        from .grid import as_override, load_profile
-
         base = [as_override(k, v) for k, v in load_profile(args.profile)["train"].items()]
         overrides = base + overrides
     cfg = RunConfig.load(*files, overrides=overrides)

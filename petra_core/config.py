@@ -16,7 +16,7 @@ import yaml
 
 from .data.sources import DATASETS
 from .methods import METHODS
-from .models import ARCHS
+from .models.specs import ARCHS
 
 
 _RANGES = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")

@@ -1,11 +1,15 @@
-"""The experiment grid of a profile: which runs exist and where their records live.
+"""The experiment grid of a profile, and run identity: the one place both are defined.
 
 A profile (``workflow/config/profiles/NAME.yaml``) holds ``train`` (``petra train`` keys shared
 by every run) and ``grid`` (a list of blocks; each block is the cartesian product of its lists
 over arch, method, k, seed and any other run key). ``run_name`` (optional) names a run's
 directory from its config, ``{method}-k{k}-seed{seed}`` by default; a profile whose grid varies
-another key puts it in the name (e.g. ``-e{epochs}``), and two runs may never share a name. Snakemake, DVC, the report and the tests all
-read the grid through this module, so it is defined once.
+another key puts it in the name (e.g. ``-e{epochs}``), and two runs may never share a name.
+
+:func:`runs` expands and validates a profile once and gives, per run, its name, directory
+(``runs/PROFILE/DATASET/ARCH-wWIDTH/NAME``), id and resolved config. The CLI, the report,
+the Snakemake rules and the DVC params generator all take runs, directories, the keys that tell
+runs apart and the wildcard patterns from here.
 """
 from __future__ import annotations
 
@@ -15,31 +19,41 @@ from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, RunConfig
+from .config import WATCH_KEYS, ConfigError, RunConfig
 
 RUNS_ROOT = Path("runs")
 RUN_NAME = "{method}-k{k}-seed{seed}"
+MODEL_DIR = "{arch}-w{width}"
+# Snakemake's view of a run directory: runs/{profile}/{dataset}/{model}/{run}
+RUN_DIR_PATTERN = "runs/{profile}/{dataset}/{model}/{run}"
+WILDCARDS = {"model": r"[a-z]+[0-9]+-w[0-9]+", "run": r"[^/]+"}
+IDENTITY = ("profile", "dataset", "arch", "width", "method", "k", "seed")  # what every results row starts with
+
+__all__ = ["GridRun", "IDENTITY", "RUN_DIR_PATTERN", "WATCH_KEYS", "WILDCARDS", "as_override", "default_run_dir",
+           "load_profile", "runs", "varying_keys"]
 
 
 @dataclass(frozen=True)
-class Run:
+class GridRun:
+    """One run of a profile: its grid point, resolved config, name and directory."""
+
     profile: str
-    values: tuple[tuple[str, object], ...]  # the grid point (sorted key, value pairs)
-    name_pattern: str = RUN_NAME
+    point: dict  # the grid block's values for this run (what overrides the profile's train section)
+    config: RunConfig
+    name: str
 
     @property
-    def point(self) -> dict:
-        return dict(self.values)
+    def directory(self) -> Path:
+        c = self.config
+        return RUNS_ROOT / self.profile / c.dataset / MODEL_DIR.format(arch=c.arch, width=c.width) / self.name
 
-    def name(self, base: dict) -> str:
-        return self.name_pattern.format(**{**base, **self.point})
-
-    def directory(self, base: dict) -> Path:
-        p = {**base, **self.point}
-        return RUNS_ROOT / self.profile / p["dataset"] / f"{p['arch']}-w{p['width']}" / self.name(base)
+    @property
+    def id(self) -> str:
+        """``profile-dataset-arch-wW-name``: unique across profiles (DVC's stage key)."""
+        return "-".join(self.directory.parts[1:])
 
     def overrides(self) -> list[str]:
-        return [as_override(k, v) for k, v in self.values]
+        return [as_override(k, v) for k, v in sorted(self.point.items())]
 
 
 def as_override(key: str, value) -> str:
@@ -59,32 +73,39 @@ def load_profile(path: str | Path) -> dict:
     return profile
 
 
-def expand(profile: dict) -> list[Run]:
+def runs(profile: dict) -> list[GridRun]:
     """Every run of the profile's grid, each validated as a full config before anything starts."""
-    runs: list[Run] = []
     pattern = profile.get("run_name", RUN_NAME)
-    names: dict[Path, Run] = {}
+    found: dict[Path, GridRun] = {}
     for block in profile["grid"]:
         keys = sorted(block)
         for combo in itertools.product(*(block[k] if isinstance(block[k], list) else [block[k]] for k in keys)):
-            run = Run(profile["profile"], tuple(zip(keys, combo)), pattern)
-            base = RunConfig.from_dict({**profile["train"], **run.point}).to_dict()  # fail early on a bad point
-            if run in runs:
-                continue
+            point = dict(zip(keys, combo))
+            config = RunConfig.from_dict({**profile["train"], **point})  # fail early on a bad grid point
             try:
-                where = run.directory(base)
+                name = pattern.format(**config.to_dict())
             except (KeyError, IndexError, ValueError) as err:
                 raise ConfigError(f"run_name {pattern!r} of profile {profile['profile']!r} is not a format of run "
                                   f"config keys ({type(err).__name__}: {err}); e.g. {RUN_NAME!r}") from None
-            if where in names:
-                raise ConfigError(f"runs {names[where].point} and {run.point} of profile {profile['profile']!r} "
-                                  f"would share {where}; add the key that tells them apart to run_name "
+            run = GridRun(profile["profile"], point, config, name)
+            if run.directory in found:
+                if found[run.directory].config == config:
+                    continue  # the same run listed twice
+                raise ConfigError(f"runs {found[run.directory].point} and {point} of profile {profile['profile']!r} "
+                                  f"would share {run.directory}; add the key that tells them apart to run_name "
                                   f"(now {pattern!r})")
-            names[where] = run
-            runs.append(run)
-    return runs
+            found[run.directory] = run
+    return list(found.values())
 
 
-def run_dirs(profile: dict) -> list[Path]:
-    base = RunConfig.from_dict(profile["train"]).to_dict()
-    return [run.directory(base) for run in expand(profile)]
+def varying_keys(grid_runs: list[GridRun]) -> list[str]:
+    """Run config keys whose value differs between runs, besides the identity and how a run is
+    watched (e.g. ``epochs`` in a profile of training budgets): they tell results apart too."""
+    configs = [r.config.to_dict() for r in grid_runs]
+    return [key for key in configs[0] if key not in IDENTITY and key not in WATCH_KEYS
+            and any(c[key] != configs[0][key] for c in configs)] if configs else []
+
+
+def default_run_dir(cfg: RunConfig) -> Path:
+    """Where ``petra train`` puts a run given without ``--run-dir`` (no profile)."""
+    return RUNS_ROOT / cfg.dataset / MODEL_DIR.format(arch=cfg.arch, width=cfg.width) / RUN_NAME.format(**cfg.to_dict())

@@ -19,6 +19,9 @@ import torch
 import yaml
 
 CONFIG, ENV, HISTORY, METRICS, CHECKPOINT = "config.yaml", "env.json", "history.json", "metrics.json", "checkpoint.pt"
+FIDELITY = "fidelity.csv"  # a run's gradient-fidelity log (fidelity_every > 0)
+# the measured cost tables (``petra costs``, accounting) that the report reads (results/costs/)
+COST_FILES = ("table1_per_stage.csv", "table1.csv", "network_costs.csv", "table3.csv", "fidelity.csv", "costs.json")
 
 
 def _umask() -> int:

@@ -28,7 +28,10 @@ from . import runio
 from .config import ConfigError, RunConfig, check_same_run
 from .data import DataError
 from .evaluation import evaluate, reestimate_batch_norm
-from .runtime import make_runtime
+from .runtime import Runtime
+
+LOG_EVERY = 25  # ticks between reads of the head's loss log (each read waits for the device)
+
 
 class Interrupted(Exception):
     """A signal stopped the run; a checkpoint was written."""
@@ -77,7 +80,7 @@ def train(cfg: RunConfig, run_dir: str | Path, *, on_tick=None, log=print) -> di
         log(f"{run_dir}: already finished")
         return runio.json.loads((run_dir / runio.METRICS).read_text())
     device = setup_runtime(cfg)
-    rt = make_runtime(cfg, run_dir, device)
+    rt = Runtime(cfg, run_dir, device)
     ok = False
     try:
         metrics = _train(rt, cfg, run_dir, on_tick, log)
@@ -129,17 +132,21 @@ def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
     with stop_on_signals() as stop, bar:
         while not pipe.done:
             start = time.perf_counter()
-            pipe.step()
+            pipe.advance()
             tick_time += time.perf_counter() - start
-            diverged = None
-            for mb, loss, _, n in pipe.head_log[checked:]:  # the head's rank only
-                images_done += n
-                if not math.isfinite(loss) and diverged is None:
-                    diverged = f"training loss is {loss} at minibatch {mb} (epoch {mb // B + 1}, batch {mb % B + 1})"
-            checked = len(pipe.head_log)
             bar.update(1)
-            if pipe.head_log:
-                bar.set_postfix(loss=f"{pipe.head_log[-1][1]:.3f}", img_s=f"{images_done / max(tick_time, 1e-9):.0f}")
+            epoch = epoch_end.get(pipe.tick - 1)
+            diverged = None
+            if pipe.tick % LOG_EVERY == 0 or epoch is not None or pipe.done or stop["signal"]:  # a device->host copy
+                records = pipe.head_log  # the head's rank only
+                for r in records[checked:]:
+                    images_done += r.n
+                    if not math.isfinite(r.loss) and diverged is None:
+                        diverged = (f"training loss is {r.loss} at minibatch {r.mb} (epoch {r.mb // B + 1}, "
+                                    f"batch {r.mb % B + 1})")
+                checked = len(records)
+                if records:
+                    bar.set_postfix(loss=f"{records[-1].loss:.3f}", img_s=f"{images_done / max(tick_time, 1e-9):.0f}")
             if on_tick is not None:
                 on_tick(pipe.tick)
             signalled, diverged = rt.agree(stop["signal"], diverged)
@@ -151,7 +158,7 @@ def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
                     raise Diverged(f"weights are NaN or infinite after epoch {epoch + 1} (minibatch "
                                    f"{(epoch + 1) * B - 1}); stopped; last good checkpoint: {last_good()}")
                 due = (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1
-                logs = pipe.gather_object([r for r in pipe.head_log if epoch * B <= r[0] < (epoch + 1) * B])
+                logs = pipe.gather_object([r for r in pipe.head_log if epoch * B <= r.mb < (epoch + 1) * B])
                 images = pipe.gather_object(images_done)
                 model = rt.model_for_eval() if due else None
 
@@ -172,6 +179,9 @@ def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
                 tick_time, images_done = 0.0, 0
                 checkpoint()
             if signalled and not pipe.done:
+                if not rt.all_finite():  # a NaN loss may lie between two reads of the head's log
+                    raise Diverged(f"weights are NaN or infinite at tick {pipe.tick}; stopped; last good checkpoint: "
+                                   f"{last_good()}")
                 checkpoint()
                 raise Interrupted(f"{signalled} at tick {pipe.tick}; checkpoint written to {rt.checkpoint_path}; "
                                   f"run the same command again to resume")
@@ -228,15 +238,15 @@ class FidelityLog:
 
 
 def epoch_record(epoch: int, logs, lr: float, model, data, tick_time: float, images: int) -> dict:
-    """``logs``: the head's (minibatch, loss, correct, n) records of this epoch; ``model`` None:
-    no evaluation this epoch (``eval_every``), test metrics recorded as None."""
-    n = sum(r[3] for r in logs)
+    """``logs``: the head's records (HeadRecord) of this epoch; ``model`` None: no evaluation this
+    epoch (``eval_every``), test metrics recorded as None."""
+    n = sum(r.n for r in logs)
     start = time.perf_counter()
     test = evaluate(model, data.test) if model is not None else {"test_loss": None, "top1": None, "top5": None}
     return {
         "epoch": epoch + 1,
-        "train_loss": sum(r[1] * r[3] for r in logs) / n,
-        "train_acc": 100 * sum(r[2] for r in logs) / n,
+        "train_loss": sum(r.loss * r.n for r in logs) / n,
+        "train_acc": 100 * sum(r.correct for r in logs) / n,
         **test,
         "lr": lr,
         "images_per_s": images / max(tick_time, 1e-9),

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from petra_core import Recipe, Simulator, build_model
-from petra_core.accounting import (Recorder, evaluate, load_reference, measure_steady_state, per_stage,
-                                   stage_shapes, table1, table3, track_fidelity)
+from petra_core.accounting import (Recorder, measure_steady_state, per_stage, stage_shapes, table1, table3,
+                                   track_fidelity)
+from petra_core.reference import evaluate, load_reference
 
 TINY = dict(stem="cifar", image_size=8, batch=2, width=4, num_classes=5, num_batches=2)
 
@@ -151,7 +152,7 @@ def test_recorder_does_not_change_training():
         assert torch.equal(a, b)
     assert {p["phase"] for p in rec.phases} >= {"forward", "rebuild", "backward", "step"}
     rec.detach()
-    assert "forward" not in vars(sim.workers[0]) and sim.transport is rec._inner_transport
+    assert "forward" not in vars(sim.workers[0]) and sim.world is rec._inner_world
 
 
 # ---- gradient fidelity -----------------------------------------------------------------------------

@@ -22,8 +22,10 @@ import pytest
 import torch
 
 from petra_core import Simulator
-from petra_core.engine.distributed import _restore_layout, _unwire, _wire, demo_setup, free_port, launch_local, parser
-from petra_core.engine.placement import (
+from petra_core.demo import demo_setup, parser
+from petra_core.launch import free_port, launch_local
+from petra_core.engine.distributed.wire import from_wire, restore_layout, to_wire
+from petra_core.placement import (
     check_placement,
     even_partition,
     format_placement,
@@ -100,14 +102,14 @@ def test_parse_placement():
     None,
 ])
 def test_wire_round_trip(t):
-    slot, dense = _wire(t)
-    received = _unwire(slot, torch.device("cpu"))
+    slot, dense = to_wire(t)
+    received = from_wire(slot, torch.device("cpu"))
     if t is None:
         assert received is None and dense is None
         return
     buf, layout = received
     buf.copy_(dense)
-    out = _restore_layout(buf, layout)
+    out = restore_layout(buf, layout)
     assert out.dtype == t.dtype and out.shape == t.shape and torch.equal(out, t)
     assert out.stride() == t.stride() or not t.is_contiguous(memory_format=torch.channels_last)
 
@@ -147,7 +149,7 @@ def test_two_ranks_under_torchrun_match_the_simulator(tmp_path):
     argv = [*COMMON, "--width", "4", "--image-size", "16", "--method", "petra,delayed",
             "--placement", "0-4,5-9", "--save", str(tmp_path / "{method}.pt")]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--node-rank=0", "--nproc-per-node=2",
-           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "petra_core.engine.distributed", *argv]
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "petra_core.demo", *argv]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=110)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "placement 0-4,5-9" in out.stdout

@@ -22,7 +22,7 @@ import torch.distributed
 
 from petra_core import runio
 from petra_core.cli import main
-from petra_core.engine.distributed import free_port, launch_local
+from petra_core.launch import free_port, launch_local
 
 TINY = ["arch=revnet18", "width=4", "synthetic_train=128", "synthetic_test=64", "batch_size=16", "epochs=2",
         "threads=1", "progress=false", "k=2", "method=petra"]
@@ -84,7 +84,7 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, simulated, capsys, monkey
     assert "petra: stopped: SIGTERM (rank 1) at tick 16; checkpoint written to" in errs[0]
     assert errs[1].strip() == ""  # rank 0 speaks for the run
     parts = {r: runio.load_checkpoint(run / "checkpoint-parts" / f"rank{r}-tick16.pt") for r in (0, 1)}
-    ready = {r: parts[r]["pipeline"]["transport"]["ready"] for r in (0, 1)}
+    ready = {r: parts[r]["pipeline"]["world"]["ready"] for r in (0, 1)}
     assert ready[0] and ready[1], ready  # a backward message for rank 0, a forward one for rank 1
     assert not (run / "metrics.json").exists() and not (run / "history.json").exists()
 

@@ -185,7 +185,7 @@ def test_buffering_stages_hold_2_J_minus_1_minus_j_entries_at_steady_state(metho
     sim = Simulator(model, method, num_batches=n, get_batch=batches.__getitem__, batch_size=6, k=1, recipe=LR)
     saw_steady = False
     while not sim.done:
-        sim.step()
+        sim.advance()
         if 2 * (J - 1) <= sim.tick - 1 < n:  # every stage busy in both directions
             saw_steady = True
             for w in sim.workers:

@@ -13,9 +13,10 @@ import pytest
 import yaml
 
 from petra_core import grid
-from petra_core.accounting import load_reference
+from petra_core.accounting import costs as measured_costs
 from petra_core.config import RunConfig
-from petra_core.report import costs, load_paper_reference, results, tables
+from petra_core.reference import load_paper_reference, load_reference
+from petra_core.report import costs, results, tables
 from petra_core.report.labels import formula, pm, pretty_expr, tex
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +43,8 @@ def write_run(run_dir: Path, cfg: dict, fidelity: bool) -> None:
     metrics = {"top1": top1, "top5": 90.0, "test_loss": 0.5, "train_loss": 0.7,
                "train_acc": TRAIN_ACC.get(key, 70.0), "best_top1": top1,
                "top1_last10_mean": sum(h["top1"] for h in history) / 3, "epochs": 3, "optimizer_steps": 30,
-               "peak_kept_bytes": [1_000_000 * (j % 3) for j in range(10)], "images_per_s": 100.0, "wall_time_s": 33.0}
+               "peak_kept_bytes": [1_000_000 * (j % 3) for j in range(10)], "images_per_s": 100.0, "wall_time_s": 33.0,
+               "params": 177_274, "stages": 10, "stage_kinds": "S R R D R D R D R H"}
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(RunConfig.from_dict(cfg).to_dict()))
     (run_dir / "metrics.json").write_text(json.dumps(metrics))
@@ -60,9 +62,9 @@ def fake(tmp_path_factory):
     root = tmp_path_factory.mktemp("repo")
     profile_path = root / "fake.yaml"
     profile_path.write_text(yaml.safe_dump(FAKE_PROFILE))
-    for run, run_dir in zip(grid.expand(FAKE_PROFILE), grid.run_dirs(FAKE_PROFILE)):
+    for run in grid.runs(FAKE_PROFILE):
         cfg = {**FAKE_PROFILE["train"], **run.point}
-        write_run(root / run_dir, cfg, fidelity=run.point["method"] == "petra")
+        write_run(root / run.directory, cfg, fidelity=run.point["method"] == "petra")
     frames = results.collect(profile_path, root=root)
     out = root / "results" / "fake"
     results.write(frames, out)
@@ -74,7 +76,7 @@ def cost_tables(tmp_path_factory):
     out = tmp_path_factory.mktemp("costs")
     tiny = {"table1": {"stem": "cifar", "image_size": 16, "width": 4, "num_classes": 10},
             "fidelity": {"width": 4, "image_size": 8, "batch": 4, "num_batches": 12, "every": 2}}
-    costs.write(costs.measure(tiny), out)
+    measured_costs.write(measured_costs.measure(tiny), out)
     return out
 
 
@@ -95,7 +97,7 @@ def test_reference_file_loads_and_is_the_one_accounting_reads():
 def test_paper_profile_encodes_the_papers_recipe():
     recipe = load_paper_reference()["recipe"]
     spec = grid.load_profile(PROFILES / "paper.yaml")
-    runs = [RunConfig.from_dict({**spec["train"], **r.point}) for r in grid.expand(spec)]
+    runs = [r.config for r in grid.runs(spec)]
     assert {c.device for c in runs} == {"cuda"} and {c.width for c in runs} == {64}
     for c in runs:
         want = recipe[c.dataset]
@@ -109,7 +111,7 @@ def test_paper_profile_encodes_the_papers_recipe():
 
 def test_smoke_profile_covers_every_kind_of_run():
     spec = grid.load_profile(PROFILES / "smoke.yaml")
-    points = [r.point for r in grid.expand(spec)]
+    points = [r.point for r in grid.runs(spec)]
     assert spec["train"]["dataset"] == "synthetic" and spec["train"]["threads"] == 1
     assert spec["train"]["progress"] is False and spec["train"]["width"] <= 8
     assert {(p["arch"], p["method"]) for p in points} >= {("resnet18", "backprop"), ("revnet18", "backprop"),
@@ -126,7 +128,7 @@ def test_dvc_params_are_generated_from_the_default_profile(monkeypatch):
 
     assert dvc_params.main(["--check"]) == 0, "params.yaml is stale: python workflow/scripts/dvc_params.py"
     data = dvc_params.params("smoke")
-    assert len(data["runs"]) == len(grid.expand(grid.load_profile(PROFILES / "smoke.yaml")))
+    assert len(data["runs"]) == len(grid.runs(grid.load_profile(PROFILES / "smoke.yaml")))
     assert all(r["data"] == dvc_params.SYNTHETIC_DATA for r in data["runs"].values()) and data["datasets"] == {}
     sys.modules.pop("dvc_params", None)
 

@@ -57,7 +57,7 @@ def predict_steady_state(model: StagedModel, method: str, *, batch: int, image_s
     tick = 4 * (J - 1) if tick is None else tick
     if tick < 2 * (J - 1):
         raise ValueError(f"tick {tick} is before the steady state (tick >= {2 * (J - 1)})")
-    policies = [m.storage_for(stage, last=j == J - 1) for j, stage in enumerate(model)]
+    policies = [m.policy_for(stage, last=j == J - 1) for j, stage in enumerate(model)]
     rows = []
 
     def add(r, component, n):
@@ -66,11 +66,11 @@ def predict_steady_state(model: StagedModel, method: str, *, batch: int, image_s
     for j, r in enumerate(shapes):
         s, policy = staleness(J, j), policies[j]
         x = FLOAT32 * r["input_numel"]
-        if policy.name == "input":
+        if "input" in policy.keeps:
             add(r, "input_buffer", s * x)
-        if getattr(policy, "stash", False):
+        if "weight_stash" in policy.keeps:
             add(r, "weight_stash", stash_versions(J, j, tick, k) * FLOAT32 * r["params"])
-        if policy.name.startswith("graph") and j < J - 1:
+        if "graph" in policy.keeps and j < J - 1:
             add(r, "graph", None)  # depends on the layers' saved tensors: not predictable from shapes
         if j < J - 1:
             add(r, "forward_message", FLOAT32 * r["output_numel"] + LABEL_BYTES * batch)

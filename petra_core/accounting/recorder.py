@@ -2,8 +2,8 @@
 
 :class:`Recorder` wraps (on the instances only, undone by :meth:`Recorder.detach`) each worker's
 ``forward``, ``backward`` and ``step`` and its storage policy's ``local_graph`` (the rebuild:
-reconstruction or recomputation), and replaces the simulator's transport with a
-:class:`RecordingTransport` that forwards every call to the real one. It never changes a value,
+reconstruction or recomputation), and replaces the simulator's world with a
+:class:`RecordingWorld` that forwards every call to the real one. It never changes a value,
 an order or a decision of the engine; it only reads the clock, the FLOP counter and tensor sizes.
 
 Three tidy tables (lists of dicts; ``frames()`` gives pandas DataFrames):
@@ -31,8 +31,8 @@ def payload(t: Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 
 
-class RecordingTransport:
-    """Forwards every call to ``inner``; reports each sent message to ``on_send(direction, src, msg)``."""
+class RecordingWorld:
+    """Forwards every call to the world ``inner``; reports each sent message to ``on_send(direction, src, msg)``."""
 
     def __init__(self, inner, on_send):
         self.inner, self.on_send = inner, on_send
@@ -70,23 +70,23 @@ class Recorder:
         self.messages: list[dict] = []
         self.kept: list[dict] = []
         self._counter: FlopCounterMode | None = None
-        self._inner_transport = None
+        self._inner_world = None
         self.attach()
 
     # ---- wiring -----------------------------------------------------------------------------
     def attach(self) -> None:
         for w in self.sim.workers:
             self._wrap(w)
-        self._inner_transport = self.sim.transport
-        self.sim.transport = RecordingTransport(self.sim.transport, self._on_send)
+        self._inner_world = self.sim.world
+        self.sim.world = RecordingWorld(self.sim.world, self._on_send)
 
     def detach(self) -> None:
         for w in self.sim.workers:
             for name in ("forward", "backward", "step"):
                 w.__dict__.pop(name, None)
             w.storage.__dict__.pop("local_graph", None)
-        if self._inner_transport is not None:
-            self.sim.transport = self._inner_transport
+        if self._inner_world is not None:
+            self.sim.world = self._inner_world
 
     def _row(self, w, mb, **kw) -> dict:
         return dict(method=self.method, stage=w.index, kind=w.stage.kind, mb=mb, tick=self.sim.tick, **kw)

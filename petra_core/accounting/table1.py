@@ -27,7 +27,7 @@ from ..engine import Simulator
 from ..methods import METHODS, get_method
 from ..models import build_model
 from .recorder import Recorder
-from .reference import evaluate, load_reference
+from ..reference import evaluate, load_reference
 from .shapes import FLOAT32, stage_shapes
 from .table3 import staleness
 

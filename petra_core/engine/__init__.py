@@ -1,9 +1,10 @@
-"""The stage worker and its transports (in-process simulator; torch.distributed)."""
-from .distributed import DistributedPipeline, PipelineError, init_distributed, run_distributed
+"""The stage worker, the one tick runner and its worlds (in-process; torch.distributed)."""
 from .messages import BackwardMsg, ForwardMsg
-from .pipeline import build_workers, check_k, run_tick, schedule_for
+from .pipeline import Pipeline, assemble, build_workers, check_k, run_stage_tick, schedule_for
 from .simulator import Simulator, simulate
-from .worker import StageWorker
+from .worker import HeadLog, HeadRecord, StageWorker
+from .world import LocalWorld
 
-__all__ = ["BackwardMsg", "DistributedPipeline", "ForwardMsg", "PipelineError", "Simulator", "StageWorker",
-           "build_workers", "check_k", "init_distributed", "run_distributed", "run_tick", "schedule_for", "simulate"]
+__all__ = ["BackwardMsg", "ForwardMsg", "HeadLog", "HeadRecord", "LocalWorld", "Pipeline", "Simulator",
+           "StageWorker", "assemble", "build_workers", "check_k", "run_stage_tick", "schedule_for",
+           "simulate"]

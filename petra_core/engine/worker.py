@@ -2,23 +2,72 @@
 
 Per tick a worker runs (at most) one forward and one backward, in that order and on the same
 weights; it accumulates weight gradients over k backward passes (the loss is scaled by 1/k at
-the head, so the accumulated gradient is the mean over the k minibatches) and then steps its
-own optimizer and learning-rate schedule. What it keeps between forward and backward, and how
-it gets its input back, is delegated to the method's storage policy.
+the head, so the accumulated gradient is the mean over the k minibatches) and then takes an
+optimizer *step* (its own optimizer and learning-rate schedule). What it keeps between forward
+and backward, how it gets its input back and how gradients reach its parameters are its storage
+policy's business.
+
+Nothing here waits for the device: the head keeps its loss and accuracy on the device
+(:class:`HeadLog`) until someone reads them, and inputs arriving from another device are copied
+asynchronously, so a pipeline spread over several GPUs launches every stage's work in a tick
+without a host synchronisation.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..methods import Method
+from ..methods import StoragePolicy
 from ..models.stage import Stage
 from .messages import BackwardMsg, ForwardMsg
 
 StepHook = Callable[["StageWorker"], None]
+
+
+class HeadRecord(NamedTuple):
+    """What the head saw of one minibatch."""
+
+    mb: int
+    loss: float
+    correct: int
+    n: int
+
+
+class HeadLog:
+    """The head's per-minibatch loss and number of correct predictions.
+
+    They stay on the device as tensors until :meth:`records` is called, which copies everything
+    not yet read in one transfer: read it once per logging interval, not every tick.
+    """
+
+    def __init__(self):
+        self._read: list[HeadRecord] = []
+        self._unread: list[tuple[int, Tensor, Tensor, int]] = []
+
+    def add(self, mb: int, loss: Tensor, correct: Tensor, n: int) -> None:
+        self._unread.append((mb, loss, correct, n))
+
+    def records(self) -> list[HeadRecord]:
+        if self._unread:
+            losses = torch.stack([loss for _, loss, _, _ in self._unread])
+            values = torch.stack([losses, torch.stack([c for _, _, c, _ in self._unread]).to(losses.dtype)]).tolist()
+            self._read += [HeadRecord(mb, loss, int(correct), n)
+                           for (mb, _, _, n), loss, correct in zip(self._unread, *values)]
+            self._unread.clear()
+        return self._read
+
+    def __len__(self) -> int:
+        return len(self._read) + len(self._unread)
+
+    def state_dict(self) -> list[tuple]:
+        return [tuple(r) for r in self.records()]
+
+    def load_state_dict(self, state: list[tuple]) -> None:
+        self._read, self._unread = [HeadRecord(*r) for r in state], []
 
 
 class StageWorker:
@@ -27,7 +76,7 @@ class StageWorker:
         stage: Stage,
         index: int,
         num_stages: int,
-        method: Method,
+        storage: StoragePolicy,
         optimizer: torch.optim.Optimizer,
         scheduler,
         *,
@@ -36,13 +85,13 @@ class StageWorker:
     ):
         self.stage, self.index, self.num_stages = stage, index, num_stages
         self.is_first, self.is_last = index == 0, index == num_stages - 1
-        self.storage = method.storage_for(stage, last=self.is_last)
+        self.storage = storage
         self.optimizer, self.scheduler, self.k = optimizer, scheduler, k
         self.send_input_back = send_input_back  # does stage index-1 rebuild its input from its output?
         self.steps = 0  # optimizer steps taken = version of the weights
         self.pending = 0  # backward passes accumulated since the last step
         self.labels: dict[int, Tensor] = {}  # head only: labels of in-flight minibatches
-        self.head_log: list[tuple[int, float, int, int]] = []  # head only: (mb, loss, correct, n)
+        self.head_log = HeadLog() if self.is_last else None
         self.step_hooks: list[StepHook] = []  # called with gradients ready, before each step
         self.peak_kept: dict[str, int] = {}
         # a stage is placed on its device before its worker is built, and stays there
@@ -50,36 +99,37 @@ class StageWorker:
         self.device = self.params[0].device
 
     # ---- the two halves of a tick -------------------------------------------------------------
+    def _here(self, t: Tensor) -> Tensor:
+        """``t`` on this stage's device (an asynchronous copy when it comes from another GPU)."""
+        return t if t.device == self.device else t.to(self.device, non_blocking=True)
+
     def forward(self, msg: ForwardMsg) -> ForwardMsg | None:
-        x = msg.activation.to(self.device)  # stages may live on different GPUs; a no-op otherwise
+        x = self._here(msg.activation)
         y = self.storage.forward(self.stage, msg.mb, x, input_grad=not self.is_first, version=self.steps)
         self._track_kept()
         if self.is_last:
-            self.labels[msg.mb] = msg.labels.to(self.device)
+            self.labels[msg.mb] = self._here(msg.labels)
             return None
         return ForwardMsg(msg.mb, y.detach(), msg.labels)
 
     def backward(self, mb: int, msg: BackwardMsg | None) -> BackwardMsg | None:
-        received = msg.activation.to(self.device) if msg is not None and msg.activation is not None else None
+        received = self._here(msg.activation) if msg is not None and msg.activation is not None else None
         graph = self.storage.local_graph(self.stage, mb, received, input_grad=not self.is_first)
         if self.is_last:
             labels = self.labels.pop(mb)
-            loss = F.cross_entropy(graph.output, labels)
+            logits = graph.output
+            loss = F.cross_entropy(logits, labels)
             (loss / self.k).backward()
-            correct = int((graph.output.detach().argmax(1) == labels).sum())
-            self.head_log.append((mb, float(loss.detach()), correct, len(labels)))
+            self.head_log.add(mb, loss.detach(), (logits.detach().argmax(1) == labels).sum(), len(labels))
         else:
-            assert msg is not None and msg.mb == mb, f"stage {self.index}: expected gradient of minibatch {mb}"
-            graph.backward(msg.grad.to(self.device))
-        if graph.weights is not None:  # graph built on stashed weights: hand their grads to the stage
-            for p, w in zip(self.params, graph.weights):
-                if w.grad is not None:  # a stash is shared by its version's minibatches: take, then clear
-                    p.grad = w.grad if p.grad is None else p.grad.add_(w.grad)
-                    w.grad = None
+            if msg is None or msg.mb != mb:
+                raise RuntimeError(f"stage {self.index}: expected the gradient of minibatch {mb}, got "
+                                   f"{None if msg is None else msg.mb}")
+            graph.backward(self._here(msg.grad))
+        self.storage.hand_gradients(graph, self.params)
         out = None
         if not self.is_first:
-            grad = graph.input_grad()
-            out = BackwardMsg(mb, grad, graph.input_value() if self.send_input_back else None)
+            out = BackwardMsg(mb, graph.input_grad(), graph.input_value() if self.send_input_back else None)
         self.pending += 1
         if self.pending == self.k:
             self.step()
@@ -106,13 +156,18 @@ class StageWorker:
         for kind, n in self.storage.kept_bytes().items():
             self.peak_kept[kind] = max(self.peak_kept.get(kind, 0), n)
 
+    def kept_bytes(self) -> dict[str, int]:
+        """Bytes this stage keeps right now between forward and backward, by kind."""
+        return self.storage.kept_bytes()
+
     # ---- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Everything of this stage that is not in the model's own state_dict."""
         return {
             "steps": self.steps, "pending": self.pending, "labels": dict(self.labels),
-            "head_log": list(self.head_log), "peak_kept": dict(self.peak_kept),
-            "grads": [None if p.grad is None else p.grad.clone() for p in self.stage.parameters()],
+            "head_log": self.head_log.state_dict() if self.head_log is not None else [],
+            "peak_kept": dict(self.peak_kept),
+            "grads": [None if p.grad is None else p.grad.clone() for p in self.params],
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "storage": self.storage.state_dict(),
         }
@@ -122,25 +177,23 @@ class StageWorker:
         device, e.g. a checkpoint read onto the CPU, are moved to this stage's)."""
         device = self.device
         self.steps, self.pending = state["steps"], state["pending"]
-        self.labels, self.head_log = _to_device(dict(state["labels"]), device), list(state["head_log"])
+        self.labels = to_device(dict(state["labels"]), device)
+        if self.head_log is not None:
+            self.head_log.load_state_dict(state["head_log"])
         self.peak_kept = dict(state["peak_kept"])
-        for p, g in zip(self.stage.parameters(), state["grads"]):
+        for p, g in zip(self.params, state["grads"]):
             p.grad = None if g is None else g.to(device, copy=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.storage.load_state_dict(self.stage, _to_device(state["storage"], device))
-
-    def kept_bytes(self) -> dict[str, int]:
-        """Bytes this stage keeps right now between forward and backward, by kind."""
-        return self.storage.kept_bytes()
+        self.storage.load_state_dict(self.stage, to_device(state["storage"], device))
 
 
-def _to_device(obj, device: torch.device):
+def to_device(obj, device: torch.device):
     """``obj`` with every tensor in its dicts, lists and tuples on ``device`` (no copy if already there)."""
     if isinstance(obj, torch.Tensor):
         return obj.to(device)
     if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
+        return {k: to_device(v, device) for k, v in obj.items()}
     if type(obj) in (list, tuple):
-        return type(obj)(_to_device(v, device) for v in obj)
+        return type(obj)(to_device(v, device) for v in obj)
     return obj

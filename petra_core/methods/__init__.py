@@ -1,6 +1,6 @@
 """Training methods as stage policies (see registry.py for the table)."""
 from .registry import METHODS, Method, check_method_fits, get_method
-from .storage import KeepGraph, KeepInput, Reconstruct, StoragePolicy
+from .storage import KeepGraph, KeepInput, Reconstruct, StashWeights, StoragePolicy
 
 __all__ = ["METHODS", "Method", "check_method_fits", "get_method",
-           "KeepGraph", "KeepInput", "Reconstruct", "StoragePolicy"]
+           "KeepGraph", "KeepInput", "Reconstruct", "StashWeights", "StoragePolicy"]

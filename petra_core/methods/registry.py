@@ -17,26 +17,30 @@ under "PETRA" would buffer every input, which is DSP — ask for ``dsp``).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..models.stage import Stage
-from .storage import KeepGraph, KeepInput, Reconstruct, StoragePolicy
+from .storage import KeepGraph, KeepInput, Reconstruct, StashWeights, StoragePolicy
 
 
 @dataclass(frozen=True)
 class Method:
     name: str
     schedule: str  # "pipelined" or "sequential"
-    reversible: Callable[[], StoragePolicy]
-    other: Callable[[], StoragePolicy]
+    reversible: type[StoragePolicy]  # the policy of reversible stages
+    other: type[StoragePolicy]  # the policy of every other stage but the head
     needs_reversible: bool
     summary: str
 
-    def storage_for(self, stage: Stage, *, last: bool) -> StoragePolicy:
+    def policy_for(self, stage: Stage, *, last: bool) -> type[StoragePolicy]:
+        """The policy class of a stage (its contract can be asked without building one)."""
         if last:
-            return KeepGraph()
-        return self.reversible() if stage.reversible else self.other()
+            return KeepGraph
+        return self.reversible if stage.reversible else self.other
+
+    def storage_for(self, stage: Stage, *, last: bool) -> StoragePolicy:
+        """A fresh policy for a stage's worker."""
+        return self.policy_for(stage, last=last)()
 
 
 METHODS: dict[str, Method] = {
@@ -45,7 +49,7 @@ METHODS: dict[str, Method] = {
         Method("backprop", "sequential", KeepGraph, KeepGraph, False, "end-to-end backpropagation"),
         Method("revbackprop", "sequential", Reconstruct, KeepInput, True,
                "backpropagation that recomputes reversible stages' inputs from their outputs"),
-        Method("delayed", "pipelined", lambda: KeepGraph(stash=True), lambda: KeepGraph(stash=True), False,
+        Method("delayed", "pipelined", StashWeights, StashWeights, False,
                "delayed gradients with activation and weight stashing (PipeDream-like)"),
         Method("dsp", "pipelined", KeepInput, KeepInput, False,
                "delayed gradients with input buffers and recomputation on current weights"),

@@ -1,10 +1,19 @@
 """Storage policies: what a stage keeps between a minibatch's forward and its backward.
 
-Each policy answers two questions for one stage: what to keep at forward time, and how to get
-the local graph (input leaves -> output) back at backward time.
+A policy owns its whole backward contract, so the worker, the placement and the accounting ask
+it rather than inspect its type:
 
-* :class:`KeepGraph`   — keep the forward's autograd graph (backprop; delayed gradients, where
-  the forward runs on a stashed copy of the weights so the backward uses the same version).
+* what it keeps (``keeps``: the kinds its ``kept_bytes()`` reports);
+* whether the backward message it receives must carry this stage's output (``needs_output_back``);
+* whether it runs F a second time at backward (``recomputes``: Table 1's 4 units instead of 3);
+* how it gets the local graph (input leaves -> output) back (``local_graph``);
+* how that graph hands its gradients to the stage's parameters (``hand_gradients``).
+
+The policies:
+
+* :class:`KeepGraph`   — keep the forward's autograd graph (backprop).
+* :class:`StashWeights` — keep the graph, built on a stashed copy of the weights, so the backward
+  uses the version the forward used (delayed gradients, PipeDream).
 * :class:`KeepInput`   — keep the input, recompute with the current weights (checkpointing; DSP;
   non-reversible stages under PETRA and reversible backprop).
 * :class:`Reconstruct` — keep nothing; rebuild the input from the output the next stage sends
@@ -30,13 +39,19 @@ class StoragePolicy:
     """Base class. Subclasses keep per-minibatch records keyed by minibatch id."""
 
     name = "?"
+    keeps: tuple[str, ...] = ()  # what is held between forward and backward (the keys of kept_bytes())
     needs_output_back = False  # does the backward message have to carry this stage's output?
+    recomputes = False  # does the backward evaluate F again (reconstruction or recomputation)?
 
     def forward(self, stage: Stage, mb: int, x: Tensor, *, input_grad: bool, version: int) -> Tensor:
         raise NotImplementedError
 
     def local_graph(self, stage: Stage, mb: int, output: Tensor | None, *, input_grad: bool) -> LocalGraph:
         raise NotImplementedError
+
+    def hand_gradients(self, graph: LocalGraph, params: list[Tensor]) -> None:
+        """After ``graph`` was backpropagated: make sure its weight gradients are in ``params``'
+        ``.grad`` (a graph built on the live parameters already put them there)."""
 
     def kept_bytes(self) -> dict[str, int]:
         """Bytes held right now between forward and backward, by kind."""
@@ -64,25 +79,20 @@ class _Recorded:
 
 
 class KeepGraph(StoragePolicy):
-    """Keep the forward graph; with ``stash`` the forward runs on a copy of the weights (PipeDream).
+    """Keep the forward's autograd graph; the backward runs it on the weights the forward used."""
 
-    Stashed weight versions are shared by every in-flight minibatch that used them, so a stage
-    keeps ceil(in-flight / k) copies, not one per minibatch.
-    """
+    name = "graph"
+    keeps = ("graph",)
+    stash = False
 
-    def __init__(self, stash: bool = False):
-        self.stash = stash
-        self.name = "graph+stash" if stash else "graph"
+    def __init__(self):
         self.records: dict[int, _Recorded] = {}
         self.stashes: dict[int, dict[str, Tensor]] = {}
         self._fixed: tuple[Tensor, ...] | None = None
 
-    def _weights(self, stage: Stage, version: int) -> dict[str, Tensor]:
-        if version not in self.stashes:
-            self.stashes[version] = {
-                name: p.detach().clone().requires_grad_(p.requires_grad) for name, p in stage.named_parameters()
-            }
-        return self.stashes[version]
+    def _weights(self, stage: Stage, version: int) -> dict[str, Tensor] | None:
+        """The weights the forward of ``version`` runs on: None = the stage's own (live) ones."""
+        return None
 
     def forward(self, stage, mb, x, *, input_grad, version):
         return self._record(stage, mb, x, input_grad, version)
@@ -93,9 +103,8 @@ class KeepGraph(StoragePolicy):
         if self._fixed is None:  # the stage's own tensors (it stays where it was placed)
             self._fixed = (*stage.parameters(), *stage.buffers())
         excluded = {t.untyped_storage().data_ptr() for t in self._fixed}
-        weights = None
-        if self.stash:
-            weights = self._weights(stage, version)
+        weights = self._weights(stage, version)
+        if weights is not None:
             excluded |= {w.untyped_storage().data_ptr() for w in weights.values()}
         seen: dict[int, int] = {}
 
@@ -114,16 +123,10 @@ class KeepGraph(StoragePolicy):
         return y
 
     def local_graph(self, stage, mb, output, *, input_grad):
-        record = self.records.pop(mb)
-        if self.stash and all(r.version != record.version for r in self.records.values()):
-            del self.stashes[record.version]
-        return record.graph
+        return self.records.pop(mb).graph
 
     def kept_bytes(self):
-        kept = {"graph": sum(r.graph_bytes for r in self.records.values())}
-        if self.stash:
-            kept["weight_stash"] = sum(tensor_bytes(w) for s in self.stashes.values() for w in s.values())
-        return kept
+        return {"graph": sum(r.graph_bytes for r in self.records.values())}
 
     def in_flight(self):
         return len(self.records)
@@ -144,10 +147,48 @@ class KeepGraph(StoragePolicy):
                 self._record(stage, mb, r["x"], r["input_grad"], r["version"])
 
 
+class StashWeights(KeepGraph):
+    """Keep the graph, built on a stashed copy of the weights of the forward's version (PipeDream).
+
+    Stashed versions are shared by every in-flight minibatch that used them, so a stage keeps
+    ceil(in-flight / k) copies, not one per minibatch. The backward's weight gradients land on
+    the stash and are handed to the stage's parameters.
+    """
+
+    name = "graph+stash"
+    keeps = ("graph", "weight_stash")
+    stash = True
+
+    def _weights(self, stage, version):
+        if version not in self.stashes:
+            self.stashes[version] = {
+                name: p.detach().clone().requires_grad_(p.requires_grad) for name, p in stage.named_parameters()
+            }
+        return self.stashes[version]
+
+    def local_graph(self, stage, mb, output, *, input_grad):
+        record = self.records.pop(mb)
+        if all(r.version != record.version for r in self.records.values()):
+            del self.stashes[record.version]  # the graph still references the tensors it needs
+        return record.graph
+
+    def hand_gradients(self, graph, params):
+        for p, w in zip(params, graph.weights):
+            if w.grad is not None:  # a stash is shared by its version's minibatches: take, then clear
+                p.grad = w.grad if p.grad is None else p.grad.add_(w.grad)
+                w.grad = None
+
+    def kept_bytes(self):
+        return {**super().kept_bytes(),
+                "weight_stash": sum(tensor_bytes(w) for s in self.stashes.values() for w in s.values())}
+
+
 class KeepInput(StoragePolicy):
     """Buffer the input; recompute F with the current weights at backward (checkpointing)."""
 
     name = "input"
+    keeps = ("input",)
+    recomputes = True
 
     def __init__(self):
         self.inputs: dict[int, Tensor] = {}
@@ -179,6 +220,7 @@ class Reconstruct(StoragePolicy):
 
     name = "reconstruct"
     needs_output_back = True
+    recomputes = True
     _pending: set[int] = field(default_factory=set)
 
     def forward(self, stage, mb, x, *, input_grad, version):

@@ -1,18 +1,11 @@
-"""``petra results | costs | tables | figures``: the report's sub-commands (picked up by ``petra_core.cli``).
+"""``petra results | tables | figures``: the report's sub-commands (picked up by ``petra_core.cli``).
 
 Heavy imports (pandas, seaborn, the accounting) happen inside the commands, so ``petra --help``
 stays fast and a missing plotting library only affects ``petra figures``.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
-
-
-def _profile_name(path: str) -> str:
-    from ..grid import load_profile
-
-    return load_profile(path)["profile"]
 
 
 def cmd_results(args) -> int:
@@ -20,15 +13,6 @@ def cmd_results(args) -> int:
 
     frames = results.collect(args.profile, root=args.root, allow_missing=args.allow_missing)
     for path in results.write(frames, args.out):
-        print(path)
-    return 0
-
-
-def cmd_costs(args) -> int:
-    from . import costs
-
-    settings = json.loads(args.settings) if args.settings else None
-    for path in costs.write(costs.measure(settings), args.out):
         print(path)
     return 0
 
@@ -59,14 +43,6 @@ def register(sub) -> None:
     p.add_argument("--root", default=".", help="repository root the runs/ paths are relative to")
     p.add_argument("--allow-missing", action="store_true", help="leave out runs not finished yet")
     p.set_defaults(func=cmd_results)
-
-    p = sub.add_parser("costs", help="measure Table 1 and Table 3 (and a fidelity sample) into CSVs",
-                       description="Run every method a few minibatches under the accounting recorder (Table 1), "
-                                   "account Table 3 by shape propagation, track a fidelity sample; write CSVs.")
-    p.add_argument("--out", required=True, help="output directory, e.g. results/costs")
-    p.add_argument("--settings", help="JSON overriding petra_core.report.costs.DEFAULTS, "
-                                      "e.g. '{\"table1\": {\"image_size\": 64}}'")
-    p.set_defaults(func=cmd_costs)
 
     for name, func, what in (("tables", cmd_tables, "render Tables 1-3 (Markdown and LaTeX) with the paper's values"),
                              ("figures", cmd_figures, "draw the figures (PNG and PDF)")):

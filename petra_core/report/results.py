@@ -7,71 +7,51 @@
 * ``memory``   one row per (run, stage): ``peak_kept_bytes`` (bytes kept between forward and backward);
 * ``fidelity`` one row per (run, step, stage) from ``fidelity.csv`` where a run has one (else empty).
 
-``summarize(results)`` groups runs over seeds (mean, sample std, n). Everything else in the
-report (tables, figures) reads these files only.
+A run's identity is the grid's (``grid.IDENTITY``, its ``run`` name, and the config keys the
+profile varies besides, e.g. ``epochs``). ``summarize(results)`` groups runs over seeds (mean,
+sample std, n). Everything here only reads the run records; the report's tables and figures
+read these files only.
 """
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
-from .. import grid
+from .. import grid, runio
 from ..config import RunConfig
 
-ID = ["profile", "dataset", "arch", "width", "method", "k", "seed"]
-GROUP = ["profile", "dataset", "arch", "width", "method", "k"]
 FINAL = ["top1", "top5", "test_loss", "train_loss", "train_acc", "best_top1", "top1_last10_mean",
-         "optimizer_steps", "images_per_s", "wall_time_s"]
+         "optimizer_steps", "images_per_s", "wall_time_s", "top1_bn_reestimated"]
 SUMMARY_METRICS = ["top1", "top1_last10_mean", "best_top1", "top5", "train_acc", "train_loss", "test_loss",
-                   "images_per_s", "wall_time_s", "kept_total_mb", "kept_max_mb"]
+                   "images_per_s", "wall_time_s", "kept_total_mb", "kept_max_mb", "top1_bn_reestimated"]
 ENV = ["git_revision", "torch", "device", "processor", "cpu_count", "torch_threads", "gpus"]
-FIDELITY_FILE = "fidelity.csv"
 FRAMES = ("results", "history", "memory", "fidelity")
+RESULT_FILES = (*(f"{name}.csv" for name in FRAMES), "summary.csv", "summary.json")
 
 
 class MissingRuns(FileNotFoundError):
     """Some runs of the grid have no ``metrics.json`` yet."""
 
 
-def num_classes(cfg: dict) -> int:
-    if cfg["dataset"] == "synthetic":
-        return int(cfg["synthetic_classes"])
-    return {"cifar10": 10, "imagenet32": 1000, "imagenet": 1000}[cfg["dataset"]]
-
-
-@lru_cache(maxsize=None)
-def model_facts(arch: str, classes: int, stem: str, width: int) -> tuple[int, str]:
-    """(parameter count, stage kinds) of a model, built on the meta device (no memory, no time)."""
-    import torch
-
-    from ..models import build_model
-
-    with torch.device("meta"):
-        model = build_model(arch, num_classes=classes, stem=stem, width=width)
-    return sum(p.numel() for p in model.parameters()), model.kinds
-
-
-def read_run(run_dir: Path, profile: str, root: Path | None = None) -> dict[str, pd.DataFrame]:
-    """The four tidy frames of one finished run directory."""
-    from ..data.sources import STEMS
-
+def read_run(run_dir: Path, ident: dict) -> dict[str, pd.DataFrame]:
+    """The four tidy frames of one finished run directory; every row starts with ``ident``."""
     run_dir = Path(run_dir)
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg = yaml.safe_load((run_dir / runio.CONFIG).read_text())
     RunConfig.from_dict(cfg)  # a record that no longer parses is an error, not a silent row
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    history = json.loads((run_dir / "history.json").read_text())
-    env_path = run_dir / "env.json"
+    metrics = json.loads((run_dir / runio.METRICS).read_text())
+    history = json.loads((run_dir / runio.HISTORY).read_text())
+    env_path = run_dir / runio.ENV
     env = json.loads(env_path.read_text()) if env_path.exists() else {}
-    ident = {"profile": profile, **{key: cfg[key] for key in ID if key != "profile"},
-             "run_dir": run_dir.as_posix() if root is None else run_dir.relative_to(root).as_posix()}
-    params, kinds = model_facts(cfg["arch"], num_classes(cfg), STEMS[cfg["dataset"]], cfg["width"])
+    if "params" not in metrics or "stage_kinds" not in metrics:
+        raise ValueError(f"{run_dir / runio.METRICS} records no parameter count or stage kinds (written by an "
+                         f"older petra); train the run again")
+    kinds = metrics["stage_kinds"].split()
     kept = list(metrics.get("peak_kept_bytes") or [])
     row = {**ident, **{m: metrics.get(m) for m in FINAL}, "epochs_done": metrics.get("epochs"),
-           "params": params, "num_stages": len(kinds.split()),
+           "params": metrics["params"], "num_stages": len(kinds),
            "kept_total_mb": sum(kept) / 1e6 if kept else float("nan"),
            "kept_max_mb": max(kept) / 1e6 if kept else float("nan")}
     row.update({f"cfg_{key}": (json.dumps(value) if isinstance(value, list) else value) for key, value in cfg.items()
@@ -82,14 +62,22 @@ def read_run(run_dir: Path, profile: str, root: Path | None = None) -> dict[str,
         "results": pd.DataFrame([row]),
         "history": pd.DataFrame([{**ident, **h} for h in history]),
         "memory": pd.DataFrame([{**ident, "stage": j, "kind": kind, "kept_bytes": b}
-                                for j, (kind, b) in enumerate(zip(kinds.split(), kept))]),
+                                for j, (kind, b) in enumerate(zip(kinds, kept))]),
     }
-    fid = run_dir / FIDELITY_FILE
+    fid = run_dir / runio.FIDELITY
     if fid.exists() and fid.stat().st_size:
         f = pd.read_csv(fid)
         frames["fidelity"] = pd.concat([pd.DataFrame([ident] * len(f)), f.drop(columns=["method"], errors="ignore")],
                                        axis=1)
     return frames
+
+
+def identity(run: grid.GridRun, extra: list[str], root: Path) -> dict:
+    """The columns every row of a run starts with."""
+    cfg = run.config.to_dict()
+    return {"profile": run.profile, **{key: cfg[key] for key in grid.IDENTITY if key != "profile"},
+            **{key: json.dumps(cfg[key]) if isinstance(cfg[key], list) else cfg[key] for key in extra},
+            "run": run.name, "run_dir": run.directory.as_posix()}
 
 
 def collect(profile_path: str | Path, *, root: str | Path = ".", allow_missing: bool = False) -> dict[str, pd.DataFrame]:
@@ -98,24 +86,36 @@ def collect(profile_path: str | Path, *, root: str | Path = ".", allow_missing: 
     ``root`` is the repository root the grid's ``runs/...`` paths are relative to.
     """
     spec = grid.load_profile(profile_path)
-    dirs = [Path(root) / d for d in grid.run_dirs(spec)]
-    missing = [d for d in dirs if not (d / "metrics.json").exists()]
+    runs = grid.runs(spec)
+    extra = grid.varying_keys(runs)
+    root = Path(root)
+    missing = [r.directory for r in runs if not (root / r.directory / runio.METRICS).exists()]
     if missing and not allow_missing:
-        raise MissingRuns(f"{len(missing)} of {len(dirs)} runs of profile {spec['profile']!r} have no metrics.json, "
+        raise MissingRuns(f"{len(missing)} of {len(runs)} runs of profile {spec['profile']!r} have no metrics.json, "
                           f"e.g. {missing[0]}; train them first (snakemake) or pass allow_missing")
-    parts = [read_run(d, spec["profile"], Path(root)) for d in dirs if d not in missing]
+    parts = [read_run(root / r.directory, identity(r, extra, root)) for r in runs if r.directory not in missing]
+    columns = [*grid.IDENTITY, *extra, "run", "run_dir"]
     frames = {}
     for name in FRAMES:
         found = [p[name] for p in parts if name in p]
-        frames[name] = pd.concat(found, ignore_index=True) if found else pd.DataFrame(columns=ID + ["run_dir"])
+        frames[name] = pd.concat(found, ignore_index=True) if found else pd.DataFrame(columns=columns)
     return frames
 
 
+def group_keys(frame: pd.DataFrame) -> list[str]:
+    """What a summary row stands for: the identity without the seed, and any key the profile varies
+    (the columns before ``run`` in results, before ``n`` in a summary)."""
+    columns = list(frame.columns)
+    end = columns.index("run") if "run" in columns else columns.index("n")
+    return [c for c in columns[:end] if c != "seed"]
+
+
 def summarize(results: pd.DataFrame) -> pd.DataFrame:
-    """One row per (profile, dataset, arch, width, method, k): n seeds, mean and sample std of each metric."""
+    """One row per group of runs that differ only in seed: n seeds, mean and sample std of each metric."""
     rows = []
-    for key, g in results.groupby(GROUP, sort=True):
-        row = dict(zip(GROUP, key))
+    keys = group_keys(results)
+    for key, g in results.groupby(keys, sort=True):
+        row = dict(zip(keys, key))
         row.update(n=len(g), seeds=" ".join(str(s) for s in sorted(g.seed)), params=int(g.params.iloc[0]),
                    epochs=int(g.epochs_done.iloc[0]), batch_size=int(g.cfg_batch_size.iloc[0]))
         for m in SUMMARY_METRICS:
@@ -129,11 +129,13 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
 def metrics_json(summary: pd.DataFrame) -> dict:
     """Nested summary for ``dvc metrics show``: dataset -> arch-wW -> method-kK -> mean, std, n."""
     out: dict = {}
-    for r in summary.itertuples():
-        leaf = {"top1_mean": round(float(r.top1_mean), 4), "n": int(r.n)}
-        if r.n > 1:
-            leaf["top1_std"] = round(float(r.top1_std), 4)
-        out.setdefault(r.dataset, {}).setdefault(f"{r.arch}-w{r.width}", {})[f"{r.method}-k{r.k}"] = leaf
+    extra = [c for c in group_keys(summary) if c not in grid.IDENTITY]
+    for r in summary.to_dict("records"):
+        leaf = {"top1_mean": round(float(r["top1_mean"]), 4), "n": int(r["n"])}
+        if r["n"] > 1:
+            leaf["top1_std"] = round(float(r["top1_std"]), 4)
+        name = "-".join([f"{r['method']}-k{r['k']}", *(f"{key}{r[key]}" for key in extra)])
+        out.setdefault(r["dataset"], {}).setdefault(f"{r['arch']}-w{r['width']}", {})[name] = leaf
     return out
 
 

@@ -13,7 +13,7 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from . import labels
-from .reference import load_paper_reference
+from ..reference import load_paper_reference
 
 TEMPLATES = Path(__file__).parent / "templates"
 TABLES = {"table1_costs": "Table 1", "table2_accuracy": "Table 2", "table3_memory": "Table 3"}

@@ -8,7 +8,11 @@ import sys
 from pathlib import Path
 
 from petra_core import grid
-from petra_core.config import RunConfig
+from petra_core.config import WATCH_KEYS
+from petra_core.reference import REFERENCE_FILE
+from petra_core.report.results import RESULT_FILES
+from petra_core import runio
+from petra_core.runio import COST_FILES
 
 # `petra` of the interpreter that runs Snakemake, also when its virtual environment is not active.
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
@@ -19,9 +23,9 @@ SPEC = grid.load_profile(PROFILE_FILE)
 validate(SPEC, "../schemas/profile.schema.yaml")
 if SPEC["profile"] != PROFILE:
     raise ValueError(f"{PROFILE_FILE} declares profile {SPEC['profile']!r}; expected {PROFILE!r} (its file name)")
-# run directory -> grid point; expand() validates every run's full config before any job starts
-RUNS = {path.as_posix(): run for path, run in zip(grid.run_dirs(SPEC), grid.expand(SPEC))}
-CONFIGS = {path: RunConfig.from_dict({**SPEC["train"], **run.point}) for path, run in RUNS.items()}
+# run directory -> grid run; grid.runs() validates every run's full config before any job starts
+RUNS = {run.directory.as_posix(): run for run in grid.runs(SPEC)}
+CONFIGS = {path: run.config for path, run in RUNS.items()}
 DATA_SOURCES = {c.dataset: c.data_source for c in CONFIGS.values() if c.dataset != "synthetic"}
 RESULTS = f"results/{PROFILE}"
 COSTS = "results/costs"
@@ -30,10 +34,8 @@ COSTS = "results/costs"
 # deletes outputs before a rerun: petra compares config.yaml with the requested config before it
 # resumes from checkpoint.pt (a changed run config is refused, loudly), and a run resumed from its
 # final checkpoint does not write history.json again.
-RECORDS = ("metrics.json", "env.json")
-RESULT_FILES = ("results.csv", "history.csv", "memory.csv", "fidelity.csv", "summary.csv", "summary.json")
-COST_FILES = ("table1_per_stage.csv", "table1.csv", "network_costs.csv", "table3.csv", "fidelity.csv", "costs.json")
-REFERENCE = "petra_core/report/paper_reference.yaml"
+RECORDS = (runio.METRICS, runio.ENV)
+REFERENCE = os.path.relpath(REFERENCE_FILE)
 TEMPLATES = sorted(str(path) for path in Path("petra_core/report/templates").glob("*.j2"))
 REPORT_CODE = sorted(str(path) for path in Path("petra_core/report").glob("*.py"))  # renders follow the code
 
@@ -41,12 +43,12 @@ REPORT_CODE = sorted(str(path) for path in Path("petra_core/report").glob("*.py"
 wildcard_constraints:
     profile=PROFILE,
     dataset="|".join(sorted({c.dataset for c in CONFIGS.values()})),
-    model=r"[a-z]+[0-9]+-w[0-9]+",
-    run=r"[^/]+",  # run_dir() checks that the path is a run of the profile
+    model=grid.WILDCARDS["model"],
+    run=grid.WILDCARDS["run"],  # run_dir() checks that the path is a run of the profile
 
 
 def run_dir(wildcards):
-    path = f"runs/{wildcards.profile}/{wildcards.dataset}/{wildcards.model}/{wildcards.run}"
+    path = grid.RUN_DIR_PATTERN.format(**wildcards)
     if path not in RUNS:
         raise ValueError(f"{path} is not a run of profile {PROFILE!r} ({PROFILE_FILE})")
     return path
@@ -68,7 +70,7 @@ def train_overrides(wildcards):
 def train_settings(wildcards):
     """The run's settings as the profile states them: a change reruns the run (params trigger)."""
     point = {**SPEC["train"], **RUNS[run_dir(wildcards)].point}
-    return json.dumps({k: v for k, v in point.items() if k not in ("progress", "threads")}, sort_keys=True)
+    return json.dumps({k: v for k, v in point.items() if k not in WATCH_KEYS}, sort_keys=True)
 
 
 def train_threads(wildcards):

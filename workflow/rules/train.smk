@@ -5,7 +5,7 @@ rule train:
     input:
         unpack(train_inputs),
     output:
-        multiext("runs/{profile}/{dataset}/{model}/{run}/", *RECORDS),
+        multiext(grid.RUN_DIR_PATTERN + "/", *RECORDS),
     conda:
         "../envs/petra.yaml"
     log:

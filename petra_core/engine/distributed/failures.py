@@ -24,7 +24,7 @@ class PipelineError(RuntimeError):
     """A rank of a distributed pipeline failed or lost a peer. The message names the stage(s)."""
 
 
-class _ProtocolError(RuntimeError):
+class ProtocolError(RuntimeError):
     """A message arrived that the schedule did not announce (a bug, or mismatched configurations)."""
 
 
@@ -49,7 +49,7 @@ def _default_store():
         return None
 
 
-def _short(err: BaseException) -> str:
+def short(err: BaseException) -> str:
     """First line of an error, without gloo's source location and advice."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     text = re.sub(r"^\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*", "", text)
@@ -57,7 +57,7 @@ def _short(err: BaseException) -> str:
     return text if len(text) < 300 else text[:297] + "..."
 
 
-def _is_timeout(err: BaseException) -> bool:
+def is_timeout(err: BaseException) -> bool:
     return isinstance(err, TimeoutError) or "timed out" in str(err).lower() or "timeout" in str(err).lower()
 
 

@@ -1,9 +1,8 @@
-"""The transport between ranks: the four calls of ``run_tick`` over torch.distributed p2p.
+"""The transport between ranks: stage messages over torch.distributed point-to-point operations.
 
-A message to a stage on the same rank goes through a local FIFO (like the simulator); to a
-stage on another rank it is sent in the wire format (``wire.py``) on the process group of that
-direction of that pair of neighbouring ranks, so each stream is matched in order and, on NCCL,
-sends and receives never queue behind each other.
+A message to a stage on another rank is sent in the wire format (``wire.py``) on the process
+group of that direction of that pair of neighbouring ranks, so each stream is matched in order
+and, on NCCL, sends and receives never queue behind each other.
 
 A message sent at tick t is consumed at tick t + 1. Sends are non-blocking; a send's handle is
 waited on two ticks later (flow control, and the tensor stays alive until then). At the start
@@ -30,8 +29,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..messages import BackwardMsg, ForwardMsg
-from .failures import DEFAULT_TIMEOUT, PipelineError, _is_timeout, _ProtocolError, _short
-from .wire import (_BACKWARD, _DIRECTION, _FORWARD, _HEADER, _MAGIC, _SLOT, _restore_layout, _unwire, _wire,
+from .failures import DEFAULT_TIMEOUT, PipelineError, is_timeout, ProtocolError, short
+from .wire import (BACKWARD, DIRECTION, FORWARD, HEADER, MAGIC, SLOT, restore_layout, from_wire, to_wire,
                    make_message, message_tensors)
 
 
@@ -51,7 +50,7 @@ class TransportStats:
 
 @dataclass
 class _Edge:
-    direction: int  # _FORWARD or _BACKWARD: the direction of the messages
+    direction: int  # FORWARD or BACKWARD: the direction of the messages
     src: int  # sending stage
     dst: int  # receiving stage
     peer: int  # the remote rank
@@ -69,7 +68,7 @@ class _Receiver:
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self.thread = threading.Thread(target=self._loop, daemon=True,
-                                       name=f"petra-recv-{_DIRECTION[edge.direction]}-{edge.dst}")
+                                       name=f"petra-recv-{DIRECTION[edge.direction]}-{edge.dst}")
         self.thread.start()
 
     def request(self, mb: int) -> None:
@@ -95,19 +94,19 @@ class _Receiver:
 
     def _receive(self, mb: int):
         e = self.edge
-        header = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
+        header = torch.empty(HEADER, dtype=torch.int64, device=self.device)
         dist.irecv(header, e.peer, group=e.group).wait()
         t0 = time.perf_counter()
         h = header.tolist()
-        if h[0] != _MAGIC or h[1] != e.direction:
-            raise _ProtocolError(f"corrupt message header from rank {e.peer}: {h[:3]}")
+        if h[0] != MAGIC or h[1] != e.direction:
+            raise ProtocolError(f"corrupt message header from rank {e.peer}: {h[:3]}")
         if h[2] != mb:
-            raise _ProtocolError(f"expected the {_DIRECTION[e.direction]} message of minibatch {mb}, got {h[2]}")
-        slots = [_unwire(h[3:3 + _SLOT], self.device), _unwire(h[3 + _SLOT:], self.device)]
+            raise ProtocolError(f"expected the {DIRECTION[e.direction]} message of minibatch {mb}, got {h[2]}")
+        slots = [from_wire(h[3:3 + SLOT], self.device), from_wire(h[3 + SLOT:], self.device)]
         works = [dist.irecv(s[0], e.peer, group=e.group) for s in slots if s is not None]
         for w in works:
             w.wait()
-        tensors = [None if s is None else _restore_layout(*s) for s in slots]
+        tensors = [None if s is None else restore_layout(*s) for s in slots]
         event = None
         if self.cuda:
             event = torch.cuda.Event()
@@ -119,7 +118,8 @@ class _Receiver:
 
 
 class DistributedTransport:
-    """The four transport calls of ``run_tick`` over torch.distributed point-to-point operations.
+    """The four transport calls between stages on different ranks, over torch.distributed
+    point-to-point operations (messages between stages of one rank never come here).
 
     ``placement[r]`` is the range of stages rank r owns. Call :meth:`begin_tick` at the start of
     every tick (it posts this tick's receives and retires old sends) and :meth:`finish` after
@@ -133,7 +133,6 @@ class DistributedTransport:
         self.on_failure = on_failure or (lambda message: message)
         self.owner = {j: r for r, stages in enumerate(self.placement) for j in stages}
         self.mine = self.placement[rank]
-        self.local: dict[tuple[int, int], deque] = {}
         self.stats = TransportStats()
         self.sends: deque = deque()  # (tick, edge, mb, works, tensors)
         self.tick = -1
@@ -143,13 +142,13 @@ class DistributedTransport:
         self.out: dict[int, _Edge] = {}  # by direction
         self.receivers: dict[int, _Receiver] = {}  # by direction
         if hi + 1 < J:
-            self.out[_FORWARD] = _Edge(_FORWARD, hi, hi + 1, rank + 1, groups[_FORWARD, rank])
-            self.receivers[_BACKWARD] = _Receiver(
-                _Edge(_BACKWARD, hi + 1, hi, rank + 1, groups[_BACKWARD, rank + 1]), self.device, self.stats)
+            self.out[FORWARD] = _Edge(FORWARD, hi, hi + 1, rank + 1, groups[FORWARD, rank])
+            self.receivers[BACKWARD] = _Receiver(
+                _Edge(BACKWARD, hi + 1, hi, rank + 1, groups[BACKWARD, rank + 1]), self.device, self.stats)
         if lo > 0:
-            self.out[_BACKWARD] = _Edge(_BACKWARD, lo, lo - 1, rank - 1, groups[_BACKWARD, rank])
-            self.receivers[_FORWARD] = _Receiver(
-                _Edge(_FORWARD, lo - 1, lo, rank - 1, groups[_FORWARD, rank - 1]), self.device, self.stats)
+            self.out[BACKWARD] = _Edge(BACKWARD, lo, lo - 1, rank - 1, groups[BACKWARD, rank])
+            self.receivers[FORWARD] = _Receiver(
+                _Edge(FORWARD, lo - 1, lo, rank - 1, groups[FORWARD, rank - 1]), self.device, self.stats)
         self.ready: dict[int, deque] = {direction: deque() for direction in self.receivers}  # received, unconsumed
 
     # -- naming ---------------------------------------------------------------------------------
@@ -166,7 +165,7 @@ class DistributedTransport:
         self._retire(lambda s: s[0] <= tick - 2)
         for direction, rx in self.receivers.items():
             action = self.schedule.action(tick, rx.edge.src)
-            mb = action.forward if direction == _FORWARD else action.backward
+            mb = action.forward if direction == FORWARD else action.backward
             if mb is not None:
                 rx.request(mb)
 
@@ -181,26 +180,23 @@ class DistributedTransport:
 
     # -- the four calls ---------------------------------------------------------------------------
     def send_forward(self, src: int, msg: ForwardMsg) -> None:
-        self._send(_FORWARD, src, src + 1, msg.mb, msg.activation, msg.labels)
+        self._send(FORWARD, src, src + 1, msg.mb, msg.activation, msg.labels)
 
     def send_backward(self, src: int, msg: BackwardMsg) -> None:
-        self._send(_BACKWARD, src, src - 1, msg.mb, msg.grad, msg.activation)
+        self._send(BACKWARD, src, src - 1, msg.mb, msg.grad, msg.activation)
 
     def recv_forward(self, dst: int) -> ForwardMsg:
-        return self._recv(_FORWARD, dst)
+        return self._recv(FORWARD, dst)
 
     def recv_backward(self, dst: int) -> BackwardMsg:
-        return self._recv(_BACKWARD, dst)
+        return self._recv(BACKWARD, dst)
 
     # -- internals ----------------------------------------------------------------------------------
     def _send(self, direction: int, src: int, dst: int, mb: int, a: Tensor | None, b: Tensor | None) -> None:
-        if self.owner[dst] == self.rank:
-            self.local.setdefault((direction, dst), deque()).append(make_message(direction, mb, a, b))
-            return
         t0 = time.perf_counter()
         edge = self.out[direction]
-        (slot_a, wa), (slot_b, wb) = _wire(a), _wire(b)
-        header = torch.tensor([_MAGIC, direction, mb, *slot_a, *slot_b], dtype=torch.int64).to(self.device)
+        (slot_a, wa), (slot_b, wb) = to_wire(a), to_wire(b)
+        header = torch.tensor([MAGIC, direction, mb, *slot_a, *slot_b], dtype=torch.int64).to(self.device)
         tensors = [header] + [t for t in (wa, wb) if t is not None]
         try:
             works = [dist.isend(t, edge.peer, group=edge.group) for t in tensors]
@@ -212,11 +208,11 @@ class DistributedTransport:
         self.stats.send_s += time.perf_counter() - t0
 
     def _send_error(self, edge: _Edge, mb: int, err: BaseException) -> PipelineError:
-        what = f"{self.where(edge.src)} was sending it the {_DIRECTION[edge.direction]} message of minibatch {mb}"
-        if _is_timeout(err):
+        what = f"{self.where(edge.src)} was sending it the {DIRECTION[edge.direction]} message of minibatch {mb}"
+        if is_timeout(err):
             return self._fail(f"petra: {self.where(edge.dst)} stopped responding: timed out after {self.timeout:g} s "
-                              f"while {what} ({_short(err)})")
-        return self._fail(f"petra: {self.where(edge.dst)} failed: connection lost while {what} ({_short(err)})")
+                              f"while {what} ({short(err)})")
+        return self._fail(f"petra: {self.where(edge.dst)} failed: connection lost while {what} ({short(err)})")
 
     def _retire(self, due: Callable[[tuple], bool]) -> None:
         t0 = time.perf_counter()
@@ -245,9 +241,6 @@ class DistributedTransport:
         work.wait()
 
     def _recv(self, direction: int, dst: int):
-        src = dst - 1 if direction == _FORWARD else dst + 1
-        if self.owner[src] == self.rank:
-            return self.local[(direction, dst)].popleft()
         if self.ready[direction]:  # received at a tick boundary (settle), or restored from a checkpoint
             return self.ready[direction].popleft()
         return self._take(direction)
@@ -264,19 +257,19 @@ class DistributedTransport:
             mb = rx.pending[0] if rx.pending else "?"
             raise self._fail(
                 f"petra: {self.where(src)} stopped responding: timed out after {self.timeout:g} s while "
-                f"{self.where(dst)} was waiting for its {_DIRECTION[direction]} message of minibatch {mb}"
+                f"{self.where(dst)} was waiting for its {DIRECTION[direction]} message of minibatch {mb}"
             ) from None
         finally:
             self.stats.recv_wait_s += time.perf_counter() - t0
-        what = f"{self.where(dst)} was receiving its {_DIRECTION[direction]} message of minibatch {mb}"
+        what = f"{self.where(dst)} was receiving its {DIRECTION[direction]} message of minibatch {mb}"
         if err is not None:
-            if isinstance(err, _ProtocolError):
+            if isinstance(err, ProtocolError):
                 raise self._fail(f"petra: protocol error from {self.where(src)} while {what}: {err} "
                                  "(do all ranks run the same configuration and version?)") from err
-            if _is_timeout(err):
+            if is_timeout(err):
                 raise self._fail(f"petra: {self.where(src)} stopped responding: timed out after {self.timeout:g} s "
-                                 f"while {what} ({_short(err)})") from err
-            raise self._fail(f"petra: {self.where(src)} failed: connection lost while {what} ({_short(err)})") from err
+                                 f"while {what} ({short(err)})") from err
+            raise self._fail(f"petra: {self.where(src)} failed: connection lost while {what} ({short(err)})") from err
         msg, event = result
         if event is not None:
             stream = torch.cuda.current_stream(self.device)
@@ -303,8 +296,7 @@ class DistributedTransport:
         def pack(msgs):
             return [(m.mb, *(None if t is None else t.detach().cpu() for t in message_tensors(m))) for m in msgs]
 
-        return {"local": {key: pack(q) for key, q in self.local.items() if q},
-                "ready": {direction: pack(q) for direction, q in self.ready.items() if q}}
+        return {"ready": {direction: pack(q) for direction, q in self.ready.items() if q}}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the queues of :meth:`state_dict` (on a fresh transport, before the first tick)."""
@@ -315,7 +307,6 @@ class DistributedTransport:
             return deque(make_message(direction, mb, *(None if t is None else t.to(self.device) for t in (a, b)))
                          for mb, a, b in msgs)
 
-        self.local = {key: unpack(key[0], msgs) for key, msgs in state["local"].items()}
         for direction in self.ready:
             self.ready[direction] = unpack(direction, state["ready"].get(direction, []))
         unexpected = set(state["ready"]) - set(self.ready)
@@ -328,16 +319,16 @@ _GROUPS: dict = {}
 
 
 def edge_groups(world_size: int, timeout: float = DEFAULT_TIMEOUT) -> dict[tuple[int, int], object]:
-    """One process group per direction per pair of neighbouring ranks. Keys: (_FORWARD, r) for
-    r -> r+1, (_BACKWARD, r) for r -> r-1. Collective the first time (every rank calls it, in the
+    """One process group per direction per pair of neighbouring ranks. Keys: (FORWARD, r) for
+    r -> r+1, (BACKWARD, r) for r -> r-1. Collective the first time (every rank calls it, in the
     same order); cached for the current default process group after that."""
     world = dist.group.WORLD
     if _GROUPS.get("world") is not world or _GROUPS.get("key") != (world_size, timeout):
         groups = {}
         td = datetime.timedelta(seconds=timeout)
         for r in range(world_size - 1):
-            groups[_FORWARD, r] = dist.new_group([r, r + 1], timeout=td)
-            groups[_BACKWARD, r + 1] = dist.new_group([r, r + 1], timeout=td)
+            groups[FORWARD, r] = dist.new_group([r, r + 1], timeout=td)
+            groups[BACKWARD, r + 1] = dist.new_group([r, r + 1], timeout=td)
         _GROUPS.update(world=world, key=(world_size, timeout), groups=groups)
     return _GROUPS["groups"]
 

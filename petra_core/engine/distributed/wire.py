@@ -1,7 +1,7 @@
 """Wire format of a message between two ranks: a fixed-size int64 header, then its tensors.
 
 Header: magic, direction, minibatch, and for each of the two tensor slots: presence, dtype,
-layout, ndim and up to ``_MAX_DIMS`` dimensions. Forward slots are (activation, labels);
+layout, ndim and up to ``MAX_DIMS`` dimensions. Forward slots are (activation, labels);
 backward slots are (grad, activation). Each present tensor follows as one send. Channels-last
 activations travel as a dense NHWC view and get their layout back on arrival.
 """
@@ -14,21 +14,21 @@ from torch import Tensor
 
 from ..messages import BackwardMsg, ForwardMsg
 
-_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
            torch.int16, torch.int8, torch.uint8, torch.bool)
-_MAGIC = 0x5E7A
-_MAX_DIMS = 6
-_SLOT = 4 + _MAX_DIMS  # present, dtype, layout, ndim, dims
-_HEADER = 3 + 2 * _SLOT  # magic, direction, minibatch, two slots
-_FORWARD, _BACKWARD = 0, 1
-_DIRECTION = {_FORWARD: "forward", _BACKWARD: "backward"}
+MAGIC = 0x5E7A
+MAX_DIMS = 6
+SLOT = 4 + MAX_DIMS  # present, dtype, layout, ndim, dims
+HEADER = 3 + 2 * SLOT  # magic, direction, minibatch, two slots
+FORWARD, BACKWARD = 0, 1
+DIRECTION = {FORWARD: "forward", BACKWARD: "backward"}
 
 
-def _wire(t: Tensor | None) -> tuple[list[int], Tensor | None]:
+def to_wire(t: Tensor | None) -> tuple[list[int], Tensor | None]:
     """Header slot and the dense tensor to send (channels-last activations travel as NHWC)."""
     if t is None:
-        return [0] * _SLOT, None
-    if t.dtype not in _DTYPES:
+        return [0] * SLOT, None
+    if t.dtype not in DTYPES:
         raise TypeError(f"cannot send a tensor of dtype {t.dtype}")
     layout = 0
     if not t.is_contiguous():
@@ -36,27 +36,27 @@ def _wire(t: Tensor | None) -> tuple[list[int], Tensor | None]:
             t, layout = t.permute(0, 2, 3, 1), 1  # a dense NHWC view: no copy
         else:
             t = t.contiguous()
-    if t.dim() > _MAX_DIMS:
-        raise ValueError(f"cannot send a tensor with {t.dim()} dimensions (at most {_MAX_DIMS})")
+    if t.dim() > MAX_DIMS:
+        raise ValueError(f"cannot send a tensor with {t.dim()} dimensions (at most {MAX_DIMS})")
     shape = list(t.shape)
-    return [1, _DTYPES.index(t.dtype), layout, len(shape), *shape, *[0] * (_MAX_DIMS - len(shape))], t
+    return [1, DTYPES.index(t.dtype), layout, len(shape), *shape, *[0] * (MAX_DIMS - len(shape))], t
 
 
-def _unwire(slot: Sequence[int], device: torch.device) -> tuple[Tensor, int] | None:
+def from_wire(slot: Sequence[int], device: torch.device) -> tuple[Tensor, int] | None:
     """An empty tensor shaped like a header slot describes, and its layout flag."""
     if not slot[0]:
         return None
     ndim = slot[3]
-    return torch.empty(list(slot[4:4 + ndim]), dtype=_DTYPES[slot[1]], device=device), slot[2]
+    return torch.empty(list(slot[4:4 + ndim]), dtype=DTYPES[slot[1]], device=device), slot[2]
 
 
-def _restore_layout(t: Tensor, layout: int) -> Tensor:
+def restore_layout(t: Tensor, layout: int) -> Tensor:
     return t.permute(0, 3, 1, 2) if layout == 1 else t
 
 
 def make_message(direction: int, mb: int, a: Tensor | None, b: Tensor | None) -> ForwardMsg | BackwardMsg:
     """The message of ``direction`` whose two slots hold ``a`` and ``b``."""
-    return ForwardMsg(mb, a, b) if direction == _FORWARD else BackwardMsg(mb, a, b)
+    return ForwardMsg(mb, a, b) if direction == FORWARD else BackwardMsg(mb, a, b)
 
 
 def message_tensors(msg: ForwardMsg | BackwardMsg) -> tuple[Tensor | None, Tensor | None]:

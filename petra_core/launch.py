@@ -21,7 +21,7 @@ def free_port() -> int:
 
 
 def launch_local(argv: Sequence[str], nprocs: int, *, timeout: float | None = None, env: dict | None = None,
-                 capture: bool = False, module: str = "petra_core.engine.distributed") -> list[subprocess.Popen]:
+                 capture: bool = False, module: str = "petra_core.demo") -> list[subprocess.Popen]:
     """Run ``python -m MODULE ARGV`` as ``nprocs`` ranks on 127.0.0.1 and wait for them.
 
     Like torchrun without its agent: this process hosts the rendezvous store (so it outlives any

@@ -1,7 +1,7 @@
-"""The paper's reference numbers, kept as data in ONE file: ``petra_core/report/paper_reference.yaml``.
+"""The paper's reference numbers, kept as data in ONE file: ``petra_core/paper_reference.yaml``.
 
-The file is package data shared with the report layer; it is read by path (no import of the
-report package), so accounting stays below the report in the layering.
+It lives below both of its readers (accounting: Tables 1 and 3; report: every table and figure)
+and this is its one loader.
 """
 from __future__ import annotations
 
@@ -12,18 +12,28 @@ from pathlib import Path
 
 import yaml
 
-REFERENCE_FILE = Path(__file__).resolve().parent.parent / "report" / "paper_reference.yaml"
+REFERENCE_FILE = Path(__file__).resolve().parent / "paper_reference.yaml"
+SECTIONS = ("table1", "table2", "table3", "figure4", "recipe")
 
 
-@lru_cache(maxsize=1)
-def _reference() -> dict:
-    return yaml.safe_load(REFERENCE_FILE.read_text())
+@lru_cache(maxsize=4)
+def _read(path: str) -> dict:
+    data = yaml.safe_load(Path(path).read_text())
+    absent = [s for s in SECTIONS if s not in (data or {})]
+    if absent:
+        raise KeyError(f"{path}: missing section(s) {', '.join(absent)}; expected {', '.join(SECTIONS)}")
+    return data
+
+
+def load_paper_reference(path: str | Path = REFERENCE_FILE) -> dict:
+    """The whole reference file, checked to hold every section its readers use."""
+    return _read(str(path))
 
 
 def load_reference(name: str) -> dict:
     """``load_reference("paper_table1")`` (or ``"table1"``) -> that section of the reference file."""
     key = name.removeprefix("paper_")
-    data = _reference()
+    data = load_paper_reference()
     if key not in data or not isinstance(data[key], dict):
         sections = ", ".join(k for k, v in data.items() if isinstance(v, dict))
         raise KeyError(f"{name!r}: no such section in {REFERENCE_FILE.name}; sections: {sections}")

@@ -1,7 +1,9 @@
-"""Demo entry point: the distributed pipeline on random data (``python -m petra_core.engine.distributed``).
+"""The distributed pipeline on random data: ``python -m petra_core.demo`` (a command, not imported
+by ``import petra_core``).
 
-Launch with ``torchrun --nproc-per-node=N -m petra_core.engine.distributed ...`` or with
-``--spawn N`` (local processes on 127.0.0.1). Also the fault-injection harness of the tests.
+Launch with ``torchrun --nproc-per-node=N -m petra_core.demo ...`` or with ``--spawn N`` (local
+processes on 127.0.0.1). Also the fault-injection harness of the tests and the distributed
+benchmark.
 """
 from __future__ import annotations
 
@@ -12,19 +14,20 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ...models import StagedModel
-from ...optim import Recipe
-from ..pipeline import GetBatch
-from ..placement import format_placement
-from .failures import DEFAULT_TIMEOUT, PipelineError, fail
+from .accounting import measure_stage_costs
+from .engine.distributed import DEFAULT_TIMEOUT, DistributedPipeline, PipelineError, fail, init_distributed
+from .engine.pipeline import GetBatch
+from .placement import format_stages
 from .launch import launch_local
-from .pipeline import DistributedPipeline, RankTimings, init_distributed
+from .placement import format_placement
+from .models import StagedModel
+from .optim import Recipe
 
 
 def synthetic_batch(seed: int, mb: int, batch: int, image_size: int, num_classes: int) -> tuple[Tensor, Tensor]:
@@ -36,7 +39,7 @@ def synthetic_batch(seed: int, mb: int, batch: int, image_size: int, num_classes
 
 def demo_setup(args: argparse.Namespace) -> tuple[StagedModel, GetBatch, Recipe]:
     """Model (seeded), data and recipe of the demo run; the tests rebuild the same for the simulator."""
-    from ...models import build_model
+    from .models import build_model
 
     torch.manual_seed(args.seed)
     model = build_model(args.arch, num_classes=args.num_classes, width=args.width, stem=args.stem)
@@ -50,7 +53,7 @@ def demo_setup(args: argparse.Namespace) -> tuple[StagedModel, GetBatch, Recipe]
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m petra_core.engine.distributed",
+        prog="python -m petra_core.demo",
         description="Distributed PETRA pipeline on random data (one process per rank). Launch with "
                     "torchrun --nproc-per-node=N, or with --spawn N for local processes.")
     p.add_argument("--arch", default="revnet18")
@@ -83,7 +86,31 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def throughput(pipe: DistributedPipeline, timings: list[RankTimings], batch: int, warmup: int) -> dict:
+@dataclass
+class Timings:
+    """Wall-clock of one rank's ticks, and its transport's share (seconds, bytes)."""
+
+    rank: int
+    stages: str
+    ticks: int
+    wall_s: float
+    compute_s: float
+    recv_wait_s: float
+    send_s: float
+    background_recv_s: float
+    bytes_sent: int
+    bytes_received: int
+    tick_ends: list[float]  # perf_counter() at the end of each tick
+
+
+def timings(pipe: DistributedPipeline) -> Timings:
+    s = pipe.world.stats
+    return Timings(pipe.rank, format_stages(pipe.stages), pipe.tick, pipe.wall_s,
+                   pipe.wall_s - s.recv_wait_s - s.send_s, s.recv_wait_s, s.send_s, s.background_recv_s,
+                   s.bytes_sent, s.bytes_received, list(pipe.tick_ends))
+
+
+def throughput(pipe: DistributedPipeline, timings: list[Timings], batch: int, warmup: int) -> dict:
     """Images/s over the whole run, and over the window where the pipeline is full (pipelined
     schedules: ticks 2(J-1) .. n; sequential: minibatches warmup .. n, whole periods)."""
     sch, n = pipe.schedule, pipe.schedule.num_batches
@@ -105,7 +132,8 @@ def throughput(pipe: DistributedPipeline, timings: list[RankTimings], batch: int
 def _run_one(args, method: str, device: torch.device) -> None:
     model, get_batch, recipe = demo_setup(args)
     pipe = DistributedPipeline(model, method, num_batches=args.steps, get_batch=get_batch, batch_size=args.batch,
-                               k=args.k, recipe=recipe, placement=args.placement, device=device,
+                               k=args.k, recipe=recipe, placement=args.placement, measure=measure_stage_costs,
+                               device=device,
                                timeout=args.timeout, sync_timing=device.type == "cuda")
     fault = None
     if args.fault:
@@ -115,7 +143,7 @@ def _run_one(args, method: str, device: torch.device) -> None:
         fault = (int(t), kind) if int(r) == pipe.rank else None
     while not pipe.done:
         if fault is not None and pipe.tick == fault[0]:
-            print(f"petra: fault injection: {fault[1]} on {pipe.describe()} at tick {pipe.tick}", file=sys.stderr,
+            print(f"petra: fault injection: {fault[1]} on {pipe.world.describe()} at tick {pipe.tick}", file=sys.stderr,
                   flush=True)
             if fault[1] == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -123,31 +151,31 @@ def _run_one(args, method: str, device: torch.device) -> None:
                 os._exit(3)
             while True:  # hang: the watchdog ends the process once a neighbour reports it
                 time.sleep(1)
-        pipe.step()
-    sd, log, timings = pipe.gather_state_dict(), pipe.gather_head_log(), pipe.gather_timings()
+        pipe.advance()
+    sd, log, all_timings = pipe.gather_state_dict(), pipe.gather_head_log(), pipe.gather_object(timings(pipe))
     pipe.close()
     if pipe.rank != 0:
         return
     fmt = lambda s: s.replace("{method}", method)  # noqa: E731
     if args.save:
         torch.save(sd, fmt(args.save))
-    tp = throughput(pipe, timings, args.batch, args.warmup)
+    tp = throughput(pipe, all_timings, args.batch, args.warmup)
     steady = ""
     if "steady_window" in tp:
         steady = f", steady {tp['steady_images_per_s']:.1f} images/s ({tp['steady_window']})"
     print(f"petra distributed: {method} {args.arch} width {args.width} batch {args.batch} on {pipe.world_size} "
           f"ranks ({device.type}), placement {format_placement(pipe.placement)}: {tp['images_per_s']:.1f} images/s"
-          f"{steady}" + (f", last loss {log[-1][1]:.4f}" if log else ""), flush=True)
-    for t in timings:
+          f"{steady}" + (f", last loss {log[-1].loss:.4f}" if log else ""), flush=True)
+    for t in all_timings:
         print(f"  rank {t.rank} ({t.stages}): compute {t.compute_s:.2f} s, waiting {t.recv_wait_s:.2f} s, "
               f"send {t.send_s:.2f} s, background recv {t.background_recv_s:.2f} s, "
               f"sent {t.bytes_sent / 2**20:.1f} MiB", flush=True)
     if args.json:
-        rows = [{k: v for k, v in asdict(t).items() if k != "tick_ends"} for t in timings]
+        rows = [{k: v for k, v in asdict(t).items() if k != "tick_ends"} for t in all_timings]
         with open(fmt(args.json), "w") as f:
             json.dump({"method": method, "world_size": pipe.world_size, "device": device.type,
                        "placement": format_placement(pipe.placement), "stage_costs": pipe.stage_costs,
-                       **tp, "ranks": rows, "losses": [l for _, l, _, _ in log]}, f, indent=1)
+                       **tp, "ranks": rows, "losses": [r.loss for r in log]}, f, indent=1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

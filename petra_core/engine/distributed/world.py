@@ -1,0 +1,230 @@
+"""The world of a distributed pipeline: this rank, its transport, and the collectives of the run.
+
+:class:`DistributedWorld` is the torch.distributed counterpart of
+:class:`~petra_core.engine.world.LocalWorld`: the same calls, over a process group joined from
+torchrun's environment (gloo on CPU, NCCL with one GPU per rank, ``cuda:LOCAL_RANK``).
+
+* Stage messages travel point to point (``transport.py``) on per-edge groups of the main backend.
+* The run's own collectives (gathers, ``share``, ``together``, the per-tick ``agree``) use two
+  gloo groups: CPU objects whatever the backend; the per-tick one is bounded by ``timeout`` like
+  every wait of the pipeline, the other one generously (rank 0 may prepare data or write a
+  checkpoint while the others wait).
+* Failures (``failures.py``): the first rank to see one publishes a message naming the failed
+  stage and rank; a watchdog on every rank ends its process with that message.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ...placement import format_placement, format_stages
+from ..world import LocalWorld
+from .failures import DEFAULT_TIMEOUT, FailureWatch, PipelineError, is_timeout, short
+from .transport import DistributedTransport
+
+CONTROL_TIMEOUT = 3600.0  # how long ranks wait for rank 0 (data preparation, evaluation, checkpoint writes)
+
+
+def default_device(backend: str | None = None) -> torch.device:
+    """``cuda:{LOCAL_RANK}`` when CUDA is available (and the backend is not gloo), else CPU."""
+    if torch.cuda.is_available() and backend != "gloo":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def init_distributed(backend: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+                     device: torch.device | str | None = None) -> torch.device:
+    """Join the process group from the environment (torchrun's RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT, LOCAL_RANK) with a short timeout; returns this rank's device.
+
+    ``backend`` defaults to NCCL when the device is a GPU, gloo otherwise. Does nothing but pick
+    the device if the process group already exists.
+    """
+    device = torch.device(device) if device is not None else default_device(backend)
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+        kwargs = {"device_id": device} if backend == "nccl" else {}
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout), **kwargs)
+    return device
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """SHA-1 of every parameter and buffer (ranks must build identical models)."""
+    h = hashlib.sha1()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+class DistributedWorld(LocalWorld):
+    """This rank of a run over torch.distributed (joins the process group if needed). Messages
+    between two stages of this rank stay in its local FIFOs (:class:`LocalWorld`)."""
+
+    def __init__(self, *, timeout: float = DEFAULT_TIMEOUT, device: torch.device | str | None = None,
+                 backend: str | None = None, control_timeout: float = CONTROL_TIMEOUT):
+        super().__init__()
+        self.device = init_distributed(backend, timeout=timeout, device=device)
+        self.timeout = timeout
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.is_main = self.rank == 0
+        self.backend = dist.get_backend()
+        self.tick_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+        self.control = dist.new_group(backend="gloo",
+                                      timeout=datetime.timedelta(seconds=max(control_timeout, timeout)))
+        self.transport: DistributedTransport | None = None
+        self.watch = FailureWatch(self.describe, lambda: self.clock())
+
+    @property
+    def stats(self):
+        return self.transport.stats if self.transport is not None else None
+
+    def describe(self) -> str:
+        return f"rank {self.rank}" + (f" ({format_stages(self.stages)})" if self.placement else "")
+
+    def device_for(self, stage: int) -> torch.device:
+        return self.device
+
+    def connect(self, placement: Sequence[range], schedule, *, watchdog: bool = True) -> None:
+        """Open this rank's edges to its neighbours and start watching for failures."""
+        self.placement = list(placement)
+        self.transport = DistributedTransport(self.placement, schedule, rank=self.rank, device=self.device,
+                                              timeout=self.timeout, on_failure=self.report)
+        dist.barrier(group=self.control)
+        if watchdog and self.world_size > 1:
+            self.watch.start()
+
+    # ---- transport: local FIFOs within this rank, point to point across ranks -----------------
+    def send_forward(self, src, msg):
+        (super() if src + 1 in self.stages else self.transport).send_forward(src, msg)
+
+    def recv_forward(self, dst):
+        return (super() if dst - 1 in self.stages else self.transport).recv_forward(dst)
+
+    def send_backward(self, src, msg):
+        (super() if src - 1 in self.stages else self.transport).send_backward(src, msg)
+
+    def recv_backward(self, dst):
+        return (super() if dst + 1 in self.stages else self.transport).recv_backward(dst)
+
+    def begin_tick(self, tick: int) -> None:
+        if self.watch.failed is not None:
+            raise PipelineError(self.watch.failed)
+        self.transport.begin_tick(tick)
+
+    def finish(self) -> None:
+        self.transport.finish()  # the watchdog keeps watching until close()
+
+    def state_dict(self) -> dict:
+        """The messages sent to this rank's stages and not yet consumed (nothing is left on the wire)."""
+        try:
+            return {"local": super().state_dict(), **self.transport.state_dict()}
+        except PipelineError:
+            self.watch.stop()
+            raise
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state["local"])
+        self.transport.load_state_dict(state)
+
+    def close(self) -> None:
+        self.watch.stop()
+        if self.transport is not None:
+            self.transport.close()
+
+    def leave(self, ok: bool = True) -> None:
+        """Leave the process group (not after a failure: a broken group may not come apart cleanly,
+        and the process is about to exit)."""
+        self.close()
+        if ok and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ---- collectives ----------------------------------------------------------------------------------
+    def gather_object(self, obj, dst: int = 0) -> list | None:
+        out = [None] * self.world_size if self.rank == dst else None
+        dist.gather_object(obj, out, dst=dst, group=self.control)
+        return out
+
+    def all_objects(self, obj) -> list:
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.control)
+        return out
+
+    def share(self, obj):
+        """Rank 0's ``obj`` on every rank."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.control)
+        return box[0]
+
+    def all_true(self, flag: bool) -> bool:
+        return all(self.all_objects(bool(flag)))
+
+    def together(self, fn: Callable, errors: Sequence[type[BaseException]] = (ValueError,)):
+        """Run ``fn`` on every rank; if it raises on any rank, raise on every rank (an error of one of
+        the ``errors`` types keeps its type, so its one-line message reaches the user) — no rank is
+        left waiting."""
+        try:
+            result, mine = fn(), None
+        except Exception as err:  # noqa: BLE001 - handed to every rank
+            result, mine = None, err
+        reported = self.all_objects(None if mine is None else (type(mine).__name__, str(mine)))
+        if mine is not None:
+            raise mine
+        kinds = {e.__name__: e for e in errors}
+        for r, e in enumerate(reported):
+            if e is not None:
+                if e[0] in kinds:
+                    raise kinds[e[0]](e[1])
+                raise RuntimeError(f"rank {r} failed: {e[0]}: {e[1]}")
+        return result
+
+    def on_main(self, fn: Callable, errors: Sequence[type[BaseException]] = (ValueError,)):
+        """``fn()`` on rank 0 while the other ranks wait; a failure there stops every rank."""
+        return self.together(fn if self.is_main else lambda: None, errors)
+
+    def agree(self, signal: str | None, diverged: str | None, tick: int) -> tuple[str | None, str | None]:
+        """Every rank's verdict at the end of ``tick``: stop on a signal to any rank, or on a
+        non-finite loss at the head. One small all-reduce per tick."""
+        flags = torch.tensor([signal is not None, diverged is not None], dtype=torch.int32)
+        try:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.tick_group)
+            if not bool(flags.any()):
+                return None, None
+            notes: list = [None] * self.world_size
+            dist.all_gather_object(notes, (signal, diverged), group=self.tick_group)
+        except Exception as err:  # noqa: BLE001
+            if is_timeout(err):
+                message = (f"petra: {self.describe()}: the other ranks did not finish tick {tick} within "
+                           f"{self.timeout:g} s (a rank stopped responding) ({short(err)})")
+            else:
+                message = (f"petra: {self.describe()} lost contact with the other ranks at the end of tick {tick} "
+                           f"(a rank failed or was killed) ({short(err)})")
+            raise PipelineError(self.report(message)) from err
+        signals = [f"{s} (rank {r})" for r, (s, _) in enumerate(notes) if s]
+        return (", ".join(signals) or None), next((d for _, d in notes if d), None)
+
+    # ---- failures -----------------------------------------------------------------------------------
+    def report(self, message: str) -> str:
+        """Publish a failure to every rank (see :class:`FailureWatch`); returns the message to raise."""
+        return self.watch.report(message)
+
+    def failure(self, err: BaseException, stage: int | None, tick: int) -> BaseException | None:
+        if isinstance(err, PipelineError):
+            self.close()
+            return None
+        if self.transport is not None:
+            self.transport.close()
+        where = f"stage {stage} (rank {self.rank})" if stage is not None else self.describe()
+        return PipelineError(self.report(f"petra: {where} failed at tick {tick}: {type(err).__name__}: {short(err)}"))
+
+    def environment(self) -> dict:
+        return {"world_size": self.world_size, "backend": self.backend, "placement": format_placement(self.placement)}
