@@ -26,14 +26,18 @@ def train_args(args) -> list[str]:
 
 def signal_hook(spec: str | None, rank: int):
     """``PETRA_SIGNAL_AT=RANK:TICK[:SIGNAL][,...]`` (testing aid): rank RANK sends itself SIGNAL
-    (default SIGTERM) after tick TICK, as if someone had pressed Ctrl-C at that moment. A resumed
-    run starts after the tick it stopped at, so the same list can interrupt it again later."""
+    (default SIGTERM) after tick TICK, as if someone had pressed Ctrl-C at that moment (SIGKILL:
+    as if the process died). TICK ``start``: as soon as the rank has joined the run, before its
+    pipeline exists. A resumed run starts after the tick it stopped at, so the same list can
+    interrupt it again later."""
     if not spec:
         return None
     at: dict[int, signal.Signals] = {}
     for item in spec.split(","):
         parts = item.strip().split(":")
-        if len(parts) not in (2, 3) or not all(p.strip().isdigit() for p in parts[:2]):
+        if len(parts) in (2, 3) and parts[1] == "start":
+            parts[1] = "-1"
+        if len(parts) not in (2, 3) or not all(p.strip().lstrip("-").isdigit() for p in parts[:2]):
             raise ConfigError(f"PETRA_SIGNAL_AT={spec!r} is not of the form RANK:TICK[:SIGNAL][,...]")
         signum = getattr(signal, parts[2] if len(parts) == 3 else "SIGTERM", None)
         if not isinstance(signum, signal.Signals):

@@ -26,9 +26,9 @@ class ConfigError(ValueError):
     """A bad configuration: the message names the key and what is allowed."""
 
 
-def _key(default, help: str, choices: tuple | None = None):
+def _key(default, help: str, choices: tuple | None = None, example: str | None = None):
     kw = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
-    return field(**kw, metadata={"help": help, "choices": choices})
+    return field(**kw, metadata={"help": help, "choices": choices, "example": example})
 
 
 @dataclass
@@ -56,7 +56,7 @@ class RunConfig:
     momentum: float = _key(0.9, "Nesterov momentum")
     weight_decay: float = _key(5e-4, "weight decay (never on batch-norm parameters or biases)")
     warmup_epochs: float = _key(0.0, "linear warm-up length in epochs (advanced every optimizer step)")
-    milestones: list = _key([], "epochs at which the learning rate is multiplied by gamma")
+    milestones: list = _key([], "epochs at which the learning rate is multiplied by gamma", example="[150, 225]")
     gamma: float = _key(0.1, "learning-rate decay factor at milestones")
     # evaluation
     eval_every: int = _key(1, "evaluate on the test set every N epochs (and always after the last)")
@@ -86,7 +86,8 @@ class RunConfig:
         if unknown:
             raise ConfigError(f"unknown config key {unknown[0]!r}; allowed: {', '.join(known)}")
         hints = typing.get_type_hints(cls)
-        cfg = cls(**{name: _coerce(name, value, hints[name]) for name, value in values.items()})
+        cfg = cls(**{name: _coerce(name, value, hints[name], known[name].metadata.get("example"))
+                     for name, value in values.items()})
         cfg.validate()
         return cfg
 
@@ -133,7 +134,8 @@ class RunConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
         if any(not isinstance(m, (int, float)) or isinstance(m, bool) or m <= 0 for m in self.milestones):
-            raise ConfigError(f"milestones={self.milestones!r} must be a list of positive epoch numbers")
+            raise ConfigError(f"milestones={self.milestones!r} must be a list of positive epoch numbers, e.g. "
+                              f"milestones=[150, 225]")
         if self.dist_timeout <= 0:
             raise ConfigError(f"dist_timeout={self.dist_timeout!r} must be > 0 (seconds)")
         if self.placement not in ("even", "balanced") and not _RANGES.fullmatch(self.placement.replace(" ", "")):
@@ -173,7 +175,7 @@ def _type_name(tp) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(name: str, value, tp):
+def _coerce(name: str, value, tp, example: str | None = None):
     """Check ``value`` against the field type; ints are accepted where floats are expected."""
     args = typing.get_args(tp)
     optional = type(None) in args
@@ -195,7 +197,8 @@ def _coerce(name: str, value, tp):
         list: isinstance(value, list),
     }.get(base, True)
     if not ok:
-        raise ConfigError(f"{name}={value!r} has the wrong type; expected {_type_name(tp)}")
+        hint = f", e.g. {name}={example}" if example else ""
+        raise ConfigError(f"{name}={value!r} has the wrong type; expected {_type_name(tp)}{hint}")
     return float(value) if base is float else value
 
 

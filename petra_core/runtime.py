@@ -77,7 +77,7 @@ def torchrun_command(args: list[str], nprocs: int = 2) -> str:
 class Runtime:
     """The world, data, model and pipeline of one run, and its checkpoints."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, device: torch.device):
+    def __init__(self, cfg: RunConfig, run_dir: Path, device: torch.device, on_start=None):
         self.cfg, self.run_dir = cfg, run_dir
         self.checkpoint_path, self.parts_dir = run_dir / runio.CHECKPOINT, run_dir / PARTS
         self.pipe, self.data, self.manifest = None, None, None
@@ -95,6 +95,8 @@ class Runtime:
             self.world = LocalWorld(devices=local_devices(device))
         self.is_main = self.world.is_main
         try:
+            if on_start is not None:
+                on_start()
             self._setup()
         except USER_ERRORS:
             self.close()

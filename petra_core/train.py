@@ -71,7 +71,8 @@ def train(cfg: RunConfig, run_dir: str | Path, *, on_tick=None, log=print) -> di
     """Run (or resume, or report) the run ``cfg`` in ``run_dir``; returns the final metrics.
 
     With ``runtime: distributed`` every rank calls this (under torchrun); all return the metrics.
-    ``on_tick(tick)`` is called after every tick, before the ranks agree on stopping.
+    ``on_tick(tick)`` is called after every tick, before the ranks agree on stopping (and with
+    tick -1 once this process has joined the run, before its pipeline is built).
     """
     run_dir = Path(run_dir)
     config_file = run_dir / runio.CONFIG
@@ -80,7 +81,7 @@ def train(cfg: RunConfig, run_dir: str | Path, *, on_tick=None, log=print) -> di
         log(f"{run_dir}: already finished")
         return runio.json.loads((run_dir / runio.METRICS).read_text())
     device = setup_runtime(cfg)
-    rt = Runtime(cfg, run_dir, device)
+    rt = Runtime(cfg, run_dir, device, on_start=None if on_tick is None else lambda: on_tick(-1))
     ok = False
     try:
         metrics = _train(rt, cfg, run_dir, on_tick, log)
@@ -117,6 +118,7 @@ def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
     def checkpoint():
         if saved["tick"] != pipe.tick:
             rt.save_checkpoint(history)
+            rt.on_main(fidelity.write)  # what a resumed run starts from
             saved.update(tick=pipe.tick, epochs=len(history))
 
     def last_good() -> str:
@@ -124,7 +126,7 @@ def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
             return "none"
         return f"{rt.checkpoint_path} (epoch {saved['epochs']})"
 
-    fidelity = FidelityLog(run_dir / FIDELITY, pipe, cfg.fidelity_every)
+    fidelity = FidelityLog(run_dir / runio.FIDELITY, pipe, cfg.fidelity_every)
     checked = len(pipe.head_log)
     tick_time, images_done = 0.0, 0
     bar = tqdm(total=pipe.schedule.num_ticks, initial=pipe.tick, disable=not (cfg.progress and rt.is_main),
@@ -168,7 +170,6 @@ def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
                     entry = epoch_record(epoch, log_records, lr, model, rt.data, tick_time, sum(images))
                     history.append(entry)
                     runio.write_json(run_dir / runio.HISTORY, history)
-                    fidelity.write()
                     if due and not math.isfinite(entry["test_loss"]):
                         return f"test loss is {entry['test_loss']} after epoch {epoch + 1}"
                     return None
@@ -206,14 +207,11 @@ def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
     return rt.share(rt.on_main(finish))
 
 
-FIDELITY = "fidelity.csv"
-
-
 class FidelityLog:
     """Optional: every N optimizer steps, each stage's delayed gradient vs the true one (fidelity.csv).
 
-    Observation only (training is bit-identical with or without it). After a resume, tracking
-    restarts with the next accumulation group whose minibatches it sees fetched.
+    Observation only (training is bit-identical with or without it). It survives a resume at any
+    tick: the batches of a group fetched before the checkpoint are fetched again.
     """
 
     def __init__(self, path: Path, sim, every: int):
@@ -224,7 +222,10 @@ class FidelityLog:
             from .accounting import track_fidelity
 
             self.tracker = track_fidelity(sim, every=every)
-            self.previous = pd.read_csv(path) if path.exists() else None
+            try:  # what a resumed run had written (a file without a row yet has no header either)
+                self.previous = pd.read_csv(path) if path.exists() else None
+            except pd.errors.EmptyDataError:
+                self.previous = None
 
     def write(self) -> None:
         if self.tracker is None:

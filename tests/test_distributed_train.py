@@ -111,3 +111,17 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, simulated, capsys, monkey
     assert "resuming at tick 28 of 34 (epoch 1)" in errs[0]
     assert_same_run(run, simulated)
     assert sorted(p.name for p in (run / "checkpoint-parts").iterdir()) == ["rank0-tick34.pt", "rank1-tick34.pt"]
+
+
+@pytest.mark.parametrize("when,tick", [("at start-up", "start"), ("between two ticks", "5"),
+                                       ("after the last tick, during the final drain", "34")])
+def test_a_dead_rank_is_named_by_every_survivor(tmp_path, when, tick):
+    """Rank 1 of 3 (stages 4-6) dies (SIGKILL) {when}: ranks 0 and 2 exit non-zero and their
+    message names rank 1 and its stages (heartbeats in the rendezvous store tell who is gone)."""
+    procs = launch_local(["train", *DIST, "dist_timeout=20", "--run-dir", str(tmp_path / "run")], 3, timeout=120,
+                         capture=True, module="petra_core.cli", env={"PETRA_SIGNAL_AT": f"1:{tick}:SIGKILL"})
+    assert procs[1].returncode == -9, procs[1].err
+    for r in (0, 2):
+        assert procs[r].returncode not in (0, None), (r, procs[r].err)
+        lines = [line for line in procs[r].err.splitlines() if line.startswith("petra:")]
+        assert lines and "rank 1" in lines[0] and ("stages 4-6" in lines[0] or tick == "start"), (when, procs[r].err)

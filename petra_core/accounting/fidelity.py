@@ -55,7 +55,8 @@ class FidelityTracker:
 
     Records (tidy): method, step (optimizer step of the stage = accumulation group), tick, stage,
     kind, num_minibatches, cosine, rel_error, grad_norm, true_norm. Observation only: it caches the
-    tracked groups' minibatches as the simulator fetches them and reads ``.grad`` in a step hook.
+    tracked groups' minibatches as the simulator fetches them and reads ``.grad`` in a step hook;
+    a tracked minibatch fetched before it was attached (a resumed run) is fetched again.
     """
 
     def __init__(self, sim, every: int = 200):
@@ -87,7 +88,9 @@ class FidelityTracker:
         mbs = range(group * self.k, group * self.k + worker.pending)
         grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
                           for p in worker.stage.parameters()])
-        true = true_gradient(self.sim.model, worker.index, [self._batches[mb] for mb in mbs])
+        # a batch fetched before a resume is fetched again: get_batch is a pure function of mb
+        batches = [self._batches[mb] if mb in self._batches else self._get_batch(mb) for mb in mbs]
+        true = true_gradient(self.sim.model, worker.index, batches)
         self.records.append(dict(method=self.sim.method.name, step=group, tick=self.sim.tick, stage=worker.index,
                                  kind=worker.stage.kind, num_minibatches=len(mbs), **compare(grad, true)))
         done = self._done.setdefault(group, set())

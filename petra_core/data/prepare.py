@@ -79,7 +79,7 @@ def atomic_directory(out_dir: Path, overwrite: bool) -> Iterator[Path]:
     """Yield a temporary sibling of ``out_dir``; on success move it into place, on error delete it."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     if out_dir.exists() and not overwrite:
-        raise DataError(f"{out_dir}: already exists; expected a new directory (pass overwrite=True to replace it)")
+        raise DataError(f"{out_dir}: already exists; expected a new directory (to replace it: petra prepare --overwrite, or prepare(..., overwrite=True))")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         yield tmp
@@ -103,7 +103,7 @@ def prepare(name: str, source: str | Path | None, out_dir: str | Path, *, overwr
     """Read ``source`` as dataset ``name`` and write its prepared form to ``out_dir``; returns ``out_dir``."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:  # fail before the (slow) read
-        raise DataError(f"{out_dir}: already exists; expected a new directory (pass overwrite=True to replace it)")
+        raise DataError(f"{out_dir}: already exists; expected a new directory (to replace it: petra prepare --overwrite, or prepare(..., overwrite=True))")
     data = load_source(name, source, **params)
     manifest = describe(data)
     manifest["params"] = params

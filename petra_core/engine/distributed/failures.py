@@ -4,6 +4,8 @@ The first rank to see a failure writes a message naming the failed stage(s) to t
 store (``petra/failed``, compare-and-set: the first report wins). A watchdog thread on every
 rank polls that key and ends its process (status 1) with the same message, so all ranks stop
 within seconds of the first detection, whatever collective or receive they are blocked in.
+The same thread bumps this rank's heartbeat counter (``petra/alive/RANK``): when a collective
+breaks, the ranks whose counters stopped are the ones that died.
 """
 from __future__ import annotations
 
@@ -12,12 +14,15 @@ import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 import torch.distributed as dist
 
 FAILURE_KEY = "petra/failed"
+ALIVE_KEY = "petra/alive/{rank}"
 DEFAULT_TIMEOUT = 60.0
+POLL = 0.5  # seconds between a watchdog's heartbeats and looks at the failure key
 
 
 class PipelineError(RuntimeError):
@@ -69,16 +74,18 @@ def fail(err: BaseException, code: int = 1) -> None:
 
 
 class FailureWatch:
-    """Publishes this rank's first failure to the store and watches for the other ranks'.
+    """Publishes this rank's first failure to the store, watches for the other ranks', and keeps
+    this rank's heartbeat going.
 
     ``describe()`` names this rank (``"rank 1 (stages 4-6)"``); ``tick()`` says where it is.
     """
 
-    def __init__(self, describe: Callable[[], str], tick: Callable[[], int], store=None):
-        self.describe, self.tick = describe, tick
+    def __init__(self, rank: int, describe: Callable[[], str], tick: Callable[[], int], store=None):
+        self.rank, self.describe, self.tick = rank, describe, tick
         self.store = store if store is not None else _default_store()
         self.failed: str | None = None
-        self.stopped = threading.Event()
+        self.stopped = threading.Event()  # no more watching for the others' failures
+        self.closed = threading.Event()  # no more heartbeats either
 
     def start(self) -> None:
         """Start the watchdog thread (only useful with a store and more than one rank)."""
@@ -87,6 +94,24 @@ class FailureWatch:
 
     def stop(self) -> None:
         self.stopped.set()
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.closed.set()
+
+    def silent_ranks(self, world_size: int) -> list[int]:
+        """The other ranks whose heartbeat does not move over a few beats (dead, or never started)."""
+        if self.store is None:
+            return []
+        store = self.store
+
+        def beats():
+            return [_bounded(lambda r=r: store.add(ALIVE_KEY.format(rank=r), 0), 2.0) for r in range(world_size)]
+
+        before = beats()
+        time.sleep(4 * POLL)
+        after = beats()
+        return [r for r in range(world_size) if r != self.rank and (not after[r] or after[r] == before[r])]
 
     def report(self, message: str) -> str:
         """Publish ``message`` as this rank's failure (unless another rank's came first) and stop
@@ -104,16 +129,17 @@ class FailureWatch:
         return message
 
     def _watch(self) -> None:
-        store, poll = self.store, 0.5
-        while not self.stopped.wait(poll):
+        store, alive = self.store, ALIVE_KEY.format(rank=self.rank)
+        while not self.closed.wait(POLL):
             try:
-                if not store.check([FAILURE_KEY]):
+                store.add(alive, 1)
+                if self.stopped.is_set() or not store.check([FAILURE_KEY]):
                     continue
                 first = store.get(FAILURE_KEY).decode()
             except Exception:  # noqa: BLE001 - store gone (its host exited): rely on the connections
                 return
             if self.stopped.is_set():
-                return
+                continue
             print(f"{first}\n  {self.describe()} stopping at tick {self.tick()} because of it", file=sys.stderr,
                   flush=True)
             os._exit(1)

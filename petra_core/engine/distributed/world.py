@@ -82,7 +82,9 @@ class DistributedWorld(LocalWorld):
         self.control = dist.new_group(backend="gloo",
                                       timeout=datetime.timedelta(seconds=max(control_timeout, timeout)))
         self.transport: DistributedTransport | None = None
-        self.watch = FailureWatch(self.describe, lambda: self.clock())
+        self.watch = FailureWatch(self.rank, self.describe, lambda: self.clock())
+        if self.world_size > 1:
+            self.watch.start()  # heartbeats from now on: a rank that dies even at start-up gets named
 
     @property
     def stats(self):
@@ -94,14 +96,16 @@ class DistributedWorld(LocalWorld):
     def device_for(self, stage: int) -> torch.device:
         return self.device
 
-    def connect(self, placement: Sequence[range], schedule, *, watchdog: bool = True) -> None:
-        """Open this rank's edges to its neighbours and start watching for failures."""
+    def name_rank(self, rank: int) -> str:
+        return f"rank {rank}" + (f" ({format_stages(self.placement[rank])})" if self.placement else "")
+
+    def connect(self, placement: Sequence[range], schedule) -> None:
+        """Open this rank's edges to its neighbours."""
         self.placement = list(placement)
-        self.transport = DistributedTransport(self.placement, schedule, rank=self.rank, device=self.device,
-                                              timeout=self.timeout, on_failure=self.report)
-        dist.barrier(group=self.control)
-        if watchdog and self.world_size > 1:
-            self.watch.start()
+        self.transport = self._collective("opening the pipeline's connections", lambda: DistributedTransport(
+            self.placement, schedule, rank=self.rank, device=self.device, timeout=self.timeout,
+            on_failure=self.report))
+        self._collective("opening the pipeline's connections", lambda: dist.barrier(group=self.control))
 
     # ---- transport: local FIFOs within this rank, point to point across ranks -----------------
     def send_forward(self, src, msg):
@@ -137,7 +141,7 @@ class DistributedWorld(LocalWorld):
         self.transport.load_state_dict(state)
 
     def close(self) -> None:
-        self.watch.stop()
+        self.watch.close()
         if self.transport is not None:
             self.transport.close()
 
@@ -149,20 +153,35 @@ class DistributedWorld(LocalWorld):
             dist.destroy_process_group()
 
     # ---- collectives ----------------------------------------------------------------------------------
+    def _collective(self, what: str, fn: Callable):
+        """``fn()``, a collective of every rank; if it breaks, name the rank that is gone."""
+        try:
+            return fn()
+        except PipelineError:
+            raise
+        except Exception as err:  # noqa: BLE001
+            silent = self.watch.silent_ranks(self.world_size)
+            who = ", ".join(self.name_rank(r) for r in silent) or "another rank"
+            state = f"stopped responding: timed out after {self.timeout:g} s" if is_timeout(err) and not silent \
+                else "failed or was killed"
+            when = "" if "tick" in what else f" (tick {self.clock()})"
+            raise PipelineError(self.report(f"petra: {who} {state} while {self.describe()} was {what}{when} "
+                                            f"({short(err)})")) from err
+
     def gather_object(self, obj, dst: int = 0) -> list | None:
         out = [None] * self.world_size if self.rank == dst else None
-        dist.gather_object(obj, out, dst=dst, group=self.control)
+        self._collective("gathering results", lambda: dist.gather_object(obj, out, dst=dst, group=self.control))
         return out
 
     def all_objects(self, obj) -> list:
         out: list = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.control)
+        self._collective("exchanging state", lambda: dist.all_gather_object(out, obj, group=self.control))
         return out
 
     def share(self, obj):
         """Rank 0's ``obj`` on every rank."""
         box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self.control)
+        self._collective("sharing rank 0's state", lambda: dist.broadcast_object_list(box, src=0, group=self.control))
         return box[0]
 
     def all_true(self, flag: bool) -> bool:
@@ -195,20 +214,16 @@ class DistributedWorld(LocalWorld):
         """Every rank's verdict at the end of ``tick``: stop on a signal to any rank, or on a
         non-finite loss at the head. One small all-reduce per tick."""
         flags = torch.tensor([signal is not None, diverged is not None], dtype=torch.int32)
-        try:
+        notes: list = [None] * self.world_size
+
+        def exchange() -> bool:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.tick_group)
-            if not bool(flags.any()):
-                return None, None
-            notes: list = [None] * self.world_size
-            dist.all_gather_object(notes, (signal, diverged), group=self.tick_group)
-        except Exception as err:  # noqa: BLE001
-            if is_timeout(err):
-                message = (f"petra: {self.describe()}: the other ranks did not finish tick {tick} within "
-                           f"{self.timeout:g} s (a rank stopped responding) ({short(err)})")
-            else:
-                message = (f"petra: {self.describe()} lost contact with the other ranks at the end of tick {tick} "
-                           f"(a rank failed or was killed) ({short(err)})")
-            raise PipelineError(self.report(message)) from err
+            if bool(flags.any()):
+                dist.all_gather_object(notes, (signal, diverged), group=self.tick_group)
+            return bool(flags.any())
+
+        if not self._collective(f"ending tick {tick}", exchange):
+            return None, None
         signals = [f"{s} (rank {r})" for r, (s, _) in enumerate(notes) if s]
         return (", ".join(signals) or None), next((d for _, d in notes if d), None)
 

@@ -1,0 +1,106 @@
+"""Nothing lost, nothing stale: divergence anywhere stops a run, JSON is strict, diagnostics
+survive a resume, run files are readable by the group, errors say what to type.
+
+(Rank failures named by every survivor: tests/test_distributed_train.py.)
+"""
+import json
+import math
+import os
+import signal
+import stat
+
+import pandas as pd
+import pytest
+
+from petra_core import runio
+from petra_core.cli import main
+from petra_core.config import ConfigError, RunConfig
+from petra_core.data import DataError, prepare
+from petra_core.train import Diverged, Interrupted, train
+
+TINY = dict(arch="revnet18", width=4, dataset="synthetic", synthetic_train=64, synthetic_test=32, batch_size=16,
+            epochs=2, threads=1, progress=False)
+
+
+def strict(path):
+    """The JSON file, parsed as strict JSON (a bare NaN or Infinity is an error)."""
+    def refuse(name):
+        raise ValueError(f"{path} holds {name}")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_divergence_in_the_last_epoch_is_a_failure_not_a_result(tmp_path, capsys):
+    """The issue's reproduction: base_lr=1e6 blows the weights up; the run must not report success."""
+    run = tmp_path / "run"
+    code = main(["train", *[f"{k}={v}" for k, v in TINY.items()], "base_lr=1e6", "--run-dir", str(run)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 3, err
+    assert err[-1].startswith("petra: error: ") and "NaN or infinite" in err[-1] and "epoch 1" in err[-1], err
+    assert "last good checkpoint: none" in err[-1]
+    assert not (run / runio.METRICS).exists()
+    for path in run.glob("*.json"):
+        strict(path)
+
+
+def test_a_non_finite_test_loss_stops_the_run_and_is_recorded_as_null(tmp_path, monkeypatch):
+    import petra_core.train as trainer
+
+    real = trainer.evaluate
+
+    def broken_second_epoch(model, stream):
+        out = real(model, stream)
+        return {**out, "test_loss": float("nan")} if len(list((tmp_path / "run").glob("checkpoint.pt"))) else out
+
+    monkeypatch.setattr(trainer, "evaluate", broken_second_epoch)
+    with pytest.raises(Diverged, match=r"test loss is nan after epoch 2; stopped; last good checkpoint: .*\(epoch 1\)"):
+        train(RunConfig.from_dict(TINY), tmp_path / "run", log=lambda m: None)
+    history = strict(tmp_path / "run" / runio.HISTORY)
+    assert history[1]["test_loss"] is None and history[1]["non_finite"] == {"test_loss": "nan"}
+    assert len(runio.load_checkpoint(tmp_path / "run" / runio.CHECKPOINT)["history"]) == 1  # the good one
+    assert not (tmp_path / "run" / runio.METRICS).exists()
+
+
+def test_json_is_strict(tmp_path):
+    runio.write_json(tmp_path / "m.json", {"a": float("nan"), "b": [1.5, float("inf")], "c": {"d": -math.inf}})
+    data = strict(tmp_path / "m.json")
+    assert data == {"a": None, "b": [1.5, None], "c": {"d": None, "non_finite": {"d": "-inf"}},
+                    "non_finite": {"a": "nan"}}
+
+
+@pytest.mark.parametrize("tick", [5, 6, 13])  # inside a group of k=2, at its end, in the second epoch
+def test_fidelity_tracking_survives_a_resume_at_any_tick(tmp_path, tick):
+    cfg = RunConfig.from_dict({**TINY, "k": 2, "fidelity_every": 1})
+    train(cfg, tmp_path / "ref", log=lambda m: None)
+
+    def interrupt(t):
+        if t == tick:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Interrupted):
+        train(cfg, tmp_path / "run", on_tick=interrupt, log=lambda m: None)
+    train(cfg, tmp_path / "run", log=lambda m: None)
+    ref, resumed = (pd.read_csv(tmp_path / d / runio.FIDELITY) for d in ("ref", "run"))
+    pd.testing.assert_frame_equal(resumed, ref)
+
+
+def test_run_files_get_the_mode_open_would_give_them(tmp_path):
+    """Not mkstemp's private 0600: with the usual umask 022, readable by the group (a shared cluster)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    runio.write_text(tmp_path / "x.txt", "x")
+    (tmp_path / "plain.txt").write_text("x")
+    mode = stat.S_IMODE((tmp_path / "x.txt").stat().st_mode)
+    assert mode == stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode) == 0o666 & ~umask
+    if umask == 0o022:
+        assert mode == 0o644
+
+
+def test_errors_name_the_flag_and_give_an_example(tmp_path):
+    (tmp_path / "out").mkdir()
+    with pytest.raises(DataError, match="petra prepare --overwrite"):
+        prepare("synthetic", None, tmp_path / "out")
+    with pytest.raises(ConfigError, match=r"expected list, e\.g\. milestones=\[150, 225\]"):
+        RunConfig.from_dict({"milestones": 5})
+    with pytest.raises(ConfigError, match=r"e\.g\. milestones=\[150, 225\]"):
+        RunConfig.from_dict({"milestones": [0]})
