@@ -21,7 +21,8 @@ from .schedule import Schedule
 def train_args(args) -> list[str]:
     """The arguments of ``petra train`` as given (to repeat them in another command)."""
     return [*args.config, *(["--profile", args.profile] if args.profile else []),
-            *(["--run-dir", args.run_dir] if args.run_dir else [])]
+            *(["--run-dir", args.run_dir] if args.run_dir else []),
+            *(["--checkpoint-dir", args.checkpoint_dir] if args.checkpoint_dir else [])]
 
 
 def signal_hook(spec: str | None, rank: int):
@@ -78,7 +79,8 @@ def cmd_train(args) -> int:
             print(msg, file=sys.stderr)
 
     try:
-        metrics = train(cfg, run_dir, on_tick=signal_hook(os.environ.get("PETRA_SIGNAL_AT"), rank), log=say)
+        metrics = train(cfg, run_dir, checkpoint_dir=args.checkpoint_dir,
+                        on_tick=signal_hook(os.environ.get("PETRA_SIGNAL_AT"), rank), log=say)
     except Interrupted as stop:
         say(f"petra: stopped: {stop}")
         return 130
@@ -126,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="an experiment profile (workflow/config/profiles/*.yaml): its train section "
                                      "is the base config, before CONFIG")
     p.add_argument("--run-dir", help="run directory (default: runs/DATASET/ARCH-wWIDTH/METHOD-kK-seedSEED)")
+    p.add_argument("--checkpoint-dir", help="where checkpoint.pt goes (default: the run directory; profile runs: "
+                                            "checkpoints/..., which DVC versions, see petra store)")
     p.add_argument("--help-config", action="store_true", help="list every config key with default and meaning")
     p.set_defaults(func=cmd_train)
 
@@ -149,9 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _extensions():
-    """Sub-commands contributed by other layers (report, accounting, distributed), if present."""
+    """Sub-commands contributed by other layers (report, accounting, storage), if present."""
     registers = []
-    for module in ("petra_core.report.commands", "petra_core.accounting.commands"):
+    for module in ("petra_core.report.commands", "petra_core.accounting.commands", "petra_core.store"):
         try:
             registers.append(__import__(module, fromlist=["register"]).register)
         except ModuleNotFoundError as err:

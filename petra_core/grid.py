@@ -22,10 +22,12 @@ import yaml
 from .config import WATCH_KEYS, ConfigError, RunConfig
 
 RUNS_ROOT = Path("runs")
+CHECKPOINTS_ROOT = Path("checkpoints")  # the same tree as runs/, for checkpoints (DVC's, not git's)
 RUN_NAME = "{method}-k{k}-seed{seed}"
 MODEL_DIR = "{arch}-w{width}"
 # Snakemake's view of a run directory: runs/{profile}/{dataset}/{model}/{run}
 RUN_DIR_PATTERN = "runs/{profile}/{dataset}/{model}/{run}"
+CHECKPOINT_DIR_PATTERN = "checkpoints/{profile}/{dataset}/{model}/{run}"
 WILDCARDS = {"model": r"[a-z]+[0-9]+-w[0-9]+", "run": r"[^/]+"}
 IDENTITY = ("profile", "dataset", "arch", "width", "method", "k", "seed")  # what every results row starts with
 
@@ -46,6 +48,10 @@ class GridRun:
     def directory(self) -> Path:
         c = self.config
         return RUNS_ROOT / self.profile / c.dataset / MODEL_DIR.format(arch=c.arch, width=c.width) / self.name
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return CHECKPOINTS_ROOT.joinpath(*self.directory.parts[1:])
 
     @property
     def id(self) -> str:

@@ -7,7 +7,8 @@ environment), the data (read on rank 0, which owns stage 0), the model (every ra
 same from the seed) and the :class:`~petra_core.engine.pipeline.Pipeline`; it gives the trainer
 (``train.py``) the world's collectives, the model to evaluate and the checkpoint files.
 
-A checkpoint is ``checkpoint.pt``: the whole model, the history, the config and the placement,
+A checkpoint is ``checkpoint.pt`` (in the run directory, or in a separate checkpoint directory:
+profile runs keep theirs under ``checkpoints/``, where DVC versions them): the whole model, the history, the config and the placement,
 plus the in-flight pipeline (queued activations and gradients, buffers, stashes, optimizer and
 scheduler state). In a distributed run every rank first writes its own in-flight state and
 stages to ``checkpoint-parts/rank{r}-tick{t}.pt``; rank 0's ``checkpoint.pt`` (naming the parts)
@@ -77,9 +78,11 @@ def torchrun_command(args: list[str], nprocs: int = 2) -> str:
 class Runtime:
     """The world, data, model and pipeline of one run, and its checkpoints."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, device: torch.device, on_start=None):
+    def __init__(self, cfg: RunConfig, run_dir: Path, device: torch.device, *, checkpoint_dir: Path | None = None,
+                 on_start=None):
         self.cfg, self.run_dir = cfg, run_dir
-        self.checkpoint_path, self.parts_dir = run_dir / runio.CHECKPOINT, run_dir / PARTS
+        checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else run_dir
+        self.checkpoint_path, self.parts_dir = checkpoint_dir / runio.CHECKPOINT, checkpoint_dir / PARTS
         self.pipe, self.data, self.manifest = None, None, None
         if cfg.runtime == "distributed":
             from .engine.distributed import DistributedWorld

@@ -67,9 +67,11 @@ def stop_on_signals():
             signal.signal(s, h)
 
 
-def train(cfg: RunConfig, run_dir: str | Path, *, on_tick=None, log=print) -> dict:
+def train(cfg: RunConfig, run_dir: str | Path, *, checkpoint_dir: str | Path | None = None, on_tick=None,
+          log=print) -> dict:
     """Run (or resume, or report) the run ``cfg`` in ``run_dir``; returns the final metrics.
 
+    The checkpoint lives in ``checkpoint_dir`` (default: ``run_dir``), records in ``run_dir``.
     With ``runtime: distributed`` every rank calls this (under torchrun); all return the metrics.
     ``on_tick(tick)`` is called after every tick, before the ranks agree on stopping (and with
     tick -1 once this process has joined the run, before its pipeline is built).
@@ -81,7 +83,8 @@ def train(cfg: RunConfig, run_dir: str | Path, *, on_tick=None, log=print) -> di
         log(f"{run_dir}: already finished")
         return runio.json.loads((run_dir / runio.METRICS).read_text())
     device = setup_runtime(cfg)
-    rt = Runtime(cfg, run_dir, device, on_start=None if on_tick is None else lambda: on_tick(-1))
+    rt = Runtime(cfg, run_dir, device, checkpoint_dir=checkpoint_dir,
+                 on_start=None if on_tick is None else lambda: on_tick(-1))
     ok = False
     try:
         metrics = _train(rt, cfg, run_dir, on_tick, log)

@@ -54,6 +54,10 @@ def run_dir(wildcards):
     return path
 
 
+def checkpoint_dir(wildcards):
+    return RUNS[run_dir(wildcards)].checkpoint_dir.as_posix()
+
+
 def train_inputs(wildcards):
     """ancient(): a clone or `dvc pull` gives these files new mtimes; they must not retrain a run."""
     cfg = CONFIGS[run_dir(wildcards)]

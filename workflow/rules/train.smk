@@ -1,11 +1,12 @@
 rule train:
-    """One run of the grid. `petra train` resumes from the run's checkpoint.pt (not an output: it
-    is large, git-ignored and DVC-tracked). The outputs are small run records committed to git,
-    so a clone has them; its inputs are ancient(), so a clone plans no training."""
+    """One run of the grid. `petra train` resumes from the run's checkpoint (checkpoints/..., not an
+    output: it is large, git-ignored and versioned by DVC, see `petra store`). The outputs are
+    small run records committed to git, so a clone has them; its inputs are ancient(), so a clone
+    plans no training."""
     input:
         unpack(train_inputs),
     output:
-        multiext(grid.RUN_DIR_PATTERN + "/", *RECORDS),
+        multiext(f"{grid.RUN_DIR_PATTERN}/", *RECORDS),
     conda:
         "../envs/petra.yaml"
     log:
@@ -13,6 +14,7 @@ rule train:
     params:
         overrides=train_overrides,
         run_dir=run_dir,
+        checkpoint_dir=checkpoint_dir,
         settings=train_settings,
     threads: train_threads
     resources:
@@ -20,4 +22,5 @@ rule train:
         mem_mb=train_resource("mem_mb"),
         runtime=train_resource("runtime"),
     shell:
-        "petra train --profile {input.profile:q} {params.overrides} --run-dir {params.run_dir:q} > {log:q} 2>&1"
+        "petra train --profile {input.profile:q} {params.overrides} --run-dir {params.run_dir:q} "
+        "--checkpoint-dir {params.checkpoint_dir:q} > {log:q} 2>&1"
