@@ -155,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _extensions():
     """Sub-commands contributed by other layers (report, accounting, storage), if present."""
     registers = []
-    for module in ("petra_core.report.commands", "petra_core.accounting.commands", "petra_core.store"):
+    for module in ("petra_core.report.commands", "petra_core.accounting.commands", "petra_core.store",
+                   "petra_core.gpus"):
         try:
             registers.append(__import__(module, fromlist=["register"]).register)
         except ModuleNotFoundError as err:

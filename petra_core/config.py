@@ -66,6 +66,8 @@ class RunConfig:
     # execution
     device: str = _key("cpu", "cpu or cuda (stages spread over the visible GPUs)", ("cpu", "cuda"))
     threads: int | None = _key(None, "torch CPU threads (default: torch's choice)")
+    prefetch: int | None = _key(None, "minibatches made ahead by a background thread (pinned on cuda); default: 4 "
+                                      "on cuda, 0 on cpu (where the cores are busy training)")
     channels_last: bool = _key(False, "weights and activations in channels-last memory format (faster oneDNN "
                                       "convolutions at some widths; measure with benchmarks/bench_speed.py)")
     deterministic: bool = _key(True, "deterministic algorithms (bit-exact repeatability on CPU)")
@@ -123,6 +125,8 @@ class RunConfig:
                 raise ConfigError(f"{f.name}={value!r} is not allowed; allowed: {', '.join(map(str, choices))}")
         positive = ["width", "k", "epochs", "batch_size", "eval_batch_size", "synthetic_train", "synthetic_test",
                     "eval_every"]
+        if self.prefetch is not None and self.prefetch < 0:
+            raise ConfigError(f"prefetch={self.prefetch!r} must be >= 0")
         for name in positive + ["subset", "threads"]:
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -202,7 +206,7 @@ def _coerce(name: str, value, tp, example: str | None = None):
     return float(value) if base is float else value
 
 
-WATCH_KEYS = ("progress", "threads")  # how a run is watched, not what it computes
+WATCH_KEYS = ("progress", "threads", "prefetch")  # how a run is run and watched, not what it computes
 
 
 def check_same_run(where: object, saved: dict | None, cfg: RunConfig) -> None:

@@ -24,7 +24,7 @@ import torch
 from . import runio
 from .config import ConfigError, RunConfig, check_same_run
 from .accounting import measure_stage_costs
-from .data import DataError, build_data
+from .data import DataError, Prefetcher, build_data
 from .engine import LocalWorld, Pipeline, assemble
 from .placement import format_placement
 from .models import build_model
@@ -83,7 +83,7 @@ class Runtime:
         self.cfg, self.run_dir = cfg, run_dir
         checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else run_dir
         self.checkpoint_path, self.parts_dir = checkpoint_dir / runio.CHECKPOINT, checkpoint_dir / PARTS
-        self.pipe, self.data, self.manifest = None, None, None
+        self.pipe, self.data, self.manifest, self.prefetcher = None, None, None, None
         if cfg.runtime == "distributed":
             from .engine.distributed import DistributedWorld
 
@@ -126,6 +126,11 @@ class Runtime:
 
         def get_batch(mb: int):
             return self.data.train.batch(mb // B, mb % B)
+
+        ahead = cfg.prefetch if cfg.prefetch is not None else (4 if cfg.device == "cuda" else 0)
+        if ahead and self.is_main:
+            get_batch = self.prefetcher = Prefetcher(get_batch, ahead=ahead, pin=cfg.device == "cuda",
+                                                     limit=cfg.epochs * B)
 
         self.pipe: Pipeline = self.together(lambda: Pipeline(**assemble(
             self.model, cfg.method, world, num_batches=cfg.epochs * B, get_batch=get_batch if self.is_main else None,
@@ -248,5 +253,7 @@ class Runtime:
         """Stop the pipeline's threads and leave the process group (see DistributedWorld.leave)."""
         if self.pipe is not None:
             self.pipe.close()
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         if hasattr(self.world, "leave"):
             self.world.leave(ok)

@@ -14,6 +14,7 @@ from .errors import DataError
 from .imagefolder import read_image_folder, read_image_tar
 from .imagenet import FolderData, eval_transform, load_imagenet, train_transform
 from .imagenet32 import load_imagenet32, read_batch
+from .prefetch import Prefetcher
 from .prepare import describe, load_prepared, prepare, read_manifest
 from .sources import DATASETS, STEMS, load_source
 from .stream import FolderMinibatchStream, MinibatchStream
@@ -21,7 +22,7 @@ from .synthetic import make_synthetic
 
 __all__ = [
     "ArrayData", "ArraySplit", "DATASETS", "DataBundle", "DataError", "FolderData", "FolderMinibatchStream",
-    "MinibatchStream", "NORMALIZATION", "Normalization", "STEMS", "build_data", "crop_flip", "describe",
+    "MinibatchStream", "NORMALIZATION", "Normalization", "Prefetcher", "STEMS", "build_data", "crop_flip", "describe",
     "eval_transform", "load_cifar10", "load_imagenet", "load_imagenet32", "load_prepared", "load_source",
     "make_synthetic", "prepare", "read_batch", "read_image_folder", "read_image_tar", "read_manifest",
     "read_torchvision_cifar10", "subset_indices", "take_subset", "to_model_input", "train_transform",

@@ -77,6 +77,17 @@ def train_settings(wildcards):
     return json.dumps({k: v for k, v in point.items() if k not in WATCH_KEYS}, sort_keys=True)
 
 
+def train_command(wildcards):
+    """`petra train`, or torchrun of it with one rank per GPU for `runtime: distributed` runs."""
+    cfg = CONFIGS[run_dir(wildcards)]
+    if cfg.runtime != "distributed":
+        return "petra train"
+    ranks = train_resource("gpu")
+    if ranks < 2:
+        raise ValueError(f"{run_dir(wildcards)}: runtime=distributed needs train_resources gpu >= 2 (one rank per GPU)")
+    return f"torchrun --standalone --nproc-per-node={ranks} -m petra_core.cli train"
+
+
 def train_threads(wildcards):
     return CONFIGS[run_dir(wildcards)].threads or config["train_threads"]
 

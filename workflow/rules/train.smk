@@ -2,7 +2,8 @@ rule train:
     """One run of the grid. `petra train` resumes from the run's checkpoint (checkpoints/..., not an
     output: it is large, git-ignored and versioned by DVC, see `petra store`). The outputs are
     small run records committed to git, so a clone has them; its inputs are ancient(), so a clone
-    plans no training."""
+    plans no training. `petra with-gpus` gives the run GPUs of its own (resource `gpu`), so
+    `--resources gpu=4` runs four one-GPU runs side by side."""
     input:
         unpack(train_inputs),
     output:
@@ -15,6 +16,7 @@ rule train:
         overrides=train_overrides,
         run_dir=run_dir,
         checkpoint_dir=checkpoint_dir,
+        command=train_command,
         settings=train_settings,
     threads: train_threads
     resources:
@@ -22,5 +24,5 @@ rule train:
         mem_mb=train_resource("mem_mb"),
         runtime=train_resource("runtime"),
     shell:
-        "petra train --profile {input.profile:q} {params.overrides} --run-dir {params.run_dir:q} "
-        "--checkpoint-dir {params.checkpoint_dir:q} > {log:q} 2>&1"
+        "petra with-gpus {resources.gpu} -- {params.command} --profile {input.profile:q} {params.overrides} "
+        "--run-dir {params.run_dir:q} --checkpoint-dir {params.checkpoint_dir:q} > {log:q} 2>&1"

@@ -196,7 +196,9 @@ class DistributedTransport:
         t0 = time.perf_counter()
         edge = self.out[direction]
         (slot_a, wa), (slot_b, wb) = to_wire(a), to_wire(b)
-        header = torch.tensor([MAGIC, direction, mb, *slot_a, *slot_b], dtype=torch.int64).to(self.device)
+        header = torch.tensor([MAGIC, direction, mb, *slot_a, *slot_b], dtype=torch.int64)
+        if self.device.type == "cuda":  # from pinned memory: the copy does not wait for the GPU to drain
+            header = header.pin_memory().to(self.device, non_blocking=True)
         tensors = [header] + [t for t in (wa, wb) if t is not None]
         try:
             works = [dist.isend(t, edge.peer, group=edge.group) for t in tensors]

@@ -1,0 +1,210 @@
+"""GPU stage execution: a tick never waits for the device; the GPU lane.
+
+The first test runs everywhere: it traces one pipeline tick on the CPU and checks that the host
+launches every stage's work in stage order without a single call that would wait for a GPU
+(``.item()``, ``.tolist()``, ``float(t)``, ``bool(t)``, ``.cpu()``, ...). Tests marked ``gpu``
+run where CUDA is visible (``pytest -m gpu``) and are skipped, with the reason, elsewhere:
+
+* the CPU and CUDA simulators agree: float64 to 1e-10, float32 (TF32 off) to 1e-4 relative;
+* the zero-staleness oracle holds on CUDA for every method;
+* with 2 or more GPUs: stages are placed in contiguous blocks, and two GPUs run a tick faster
+  than one (their work overlaps); the NCCL pipeline on 2 ranks equals the simulator;
+* no host synchronisation inside a tick (``torch.cuda.set_sync_debug_mode("error")``).
+"""
+import copy
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from petra_core import METHODS, Pipeline, Recipe, Simulator, build_model
+from petra_core.engine import LocalWorld, assemble
+
+CUDA = torch.cuda.is_available()
+GPUS = torch.cuda.device_count() if CUDA else 0
+
+
+def gpu_lane(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not CUDA, reason="no CUDA device visible: the GPU lane runs on a "
+                                                               "machine with one (pytest -m gpu)")(test))
+
+
+def multi_gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(GPUS < 2, reason=f"needs 2 or more GPUs, {GPUS} visible")(test))
+
+LR = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=False)
+WAITS = {"item", "tolist", "__float__", "__int__", "__bool__", "__index__", "cpu", "numpy", "nonzero", "synchronize"}
+
+
+def batches(n, dtype=torch.float32, batch=6, size=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, 3, size, size, generator=g, dtype=dtype), torch.randint(0, 5, (batch,), generator=g))
+            for _ in range(n)]
+
+
+def model_of(dtype=torch.float32, width=4, seed=0):
+    torch.manual_seed(seed)
+    return build_model("revnet18", num_classes=5, width=width).to(dtype)
+
+
+class Trace(TorchFunctionMode):
+    """Records every torch call that would make the host wait for a device."""
+
+    def __init__(self):
+        super().__init__()
+        self.waits: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        if name in WAITS:
+            self.waits.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_tick_never_waits_for_the_device(method):
+    data = batches(30)
+    sim = Simulator(model_of(), method, num_batches=30, get_batch=data.__getitem__, batch_size=6, k=2, recipe=LR)
+    order = []
+    for w in sim.workers:
+        for phase in ("forward", "backward"):
+            inner = getattr(w, phase)
+            setattr(w, phase, lambda *a, w=w, phase=phase, inner=inner: (order.append((w.index, phase)), inner(*a))[1])
+    sim.run(25)  # past the pipeline's fill: every stage forwards and backwards in a tick
+    order.clear()
+    with Trace() as trace:
+        sim.advance()
+    assert trace.waits == [], f"{method}: the host waited for the device in a tick: {trace.waits}"
+    stages = [j for j, _ in order]
+    assert stages == sorted(stages), order  # launched in stage order
+    if sim.schedule.kind == "pipelined":
+        assert set(stages) == set(range(len(sim.workers))), order  # every stage has work in a full tick
+    assert len(sim.head_log) > 0  # reading the log (outside a tick) is where the host waits, once
+
+
+# ---- the GPU lane ------------------------------------------------------------------------------------
+def train_on(device, dtype, method="petra"):
+    data = batches(12, dtype)
+    model = model_of(dtype).to(device)
+    Simulator(model, method, num_batches=12, get_batch=data.__getitem__, batch_size=6, k=2, recipe=LR).run()
+    return {k: v.cpu() for k, v in model.state_dict().items()}
+
+
+@gpu_lane
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
+@pytest.mark.parametrize("method", ["backprop", "petra"])
+def test_cpu_and_cuda_simulators_agree(method, dtype, tol, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    cpu, cuda = train_on("cpu", dtype, method), train_on("cuda", dtype, method)
+    for name, a in cpu.items():
+        if a.is_floating_point():
+            err = float((cuda[name] - a).norm() / a.norm().clamp_min(1e-30))
+            assert err < tol, f"{method} {dtype}: {name} differs by {err:.1e} (relative)"
+
+
+@gpu_lane
+@pytest.mark.parametrize("method", METHODS)
+def test_zero_staleness_oracle_on_cuda(method):
+    data = [(x.cuda(), y.cuda()) for x, y in batches(6, torch.float64)]
+    model = model_of(torch.float64).cuda()
+    reference = copy.deepcopy(model)
+    for x, y in data:
+        (F.cross_entropy(reference(x), y) / 2).backward()
+    sim = Simulator(model, method, num_batches=6, get_batch=data.__getitem__, batch_size=6, k=2,
+                    recipe=Recipe(base_lr=0.0, scale_lr=False))
+    sums = [None] * len(model)
+
+    def hook(w):
+        g = torch.cat([p.grad.flatten() for p in w.stage.parameters()]).clone()
+        sums[w.index] = g if sums[w.index] is None else sums[w.index] + g
+
+    for w in sim.workers:
+        w.step_hooks.append(hook)
+    sim.run()
+    for j, stage in enumerate(reference):
+        true = torch.cat([p.grad.flatten() for p in stage.parameters()])
+        assert float((sums[j] - true).norm() / true.norm()) < 1e-10, f"{method} stage {j}"
+
+
+@gpu_lane
+def test_no_host_sync_inside_a_cuda_tick():
+    data = [(x.pin_memory(), y.pin_memory()) for x, y in batches(30)]
+    sim = Simulator(model_of().cuda(), "petra", num_batches=30, get_batch=data.__getitem__, batch_size=6, k=2,
+                    recipe=LR)
+    sim.run(25)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        sim.advance()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+
+def pipeline_on(devices, width=64, size=32, batch=64, n=60):
+    data = [(x.pin_memory(), y.pin_memory()) for x, y in batches(n, batch=batch, size=size)]
+    model = build_model("revnet18", num_classes=10, width=width)
+    return Pipeline(**assemble(model, "petra", LocalWorld(devices=devices), num_batches=n, get_batch=data.__getitem__,
+                               batch_size=batch, recipe=LR))
+
+
+@multi_gpu
+def test_stages_spread_over_gpus_and_their_work_overlaps():
+    devices = [torch.device("cuda", i) for i in range(GPUS)]
+    spread = pipeline_on(devices)
+    where = [w.device.index for w in spread.workers]
+    assert where == sorted(where) and set(where) == set(range(GPUS)), where  # contiguous blocks, every GPU
+
+    def seconds_per_tick(pipe):
+        pipe.run(25)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        pipe.run(20)
+        for d in devices:
+            torch.cuda.synchronize(d)
+        return (time.perf_counter() - start) / 20
+
+    one, many = seconds_per_tick(pipeline_on(devices[:1])), seconds_per_tick(spread)
+    assert many < 0.85 * one, f"{GPUS} GPUs: {many * 1e3:.1f} ms per tick, one GPU: {one * 1e3:.1f} ms (no overlap?)"
+
+
+@multi_gpu
+def test_nccl_pipeline_equals_the_simulator(tmp_path):
+    from petra_core.demo import demo_setup, parser
+    from petra_core.launch import launch_local
+
+    argv = ["--arch", "revnet18", "--num-classes", "5", "--batch", "4", "--steps", "10", "--width", "4",
+            "--image-size", "16", "--method", "petra", "--device", "cuda", "--timeout", "60",
+            "--save", str(tmp_path / "{method}.pt")]
+    procs = launch_local(argv, 2, timeout=300, capture=True)
+    assert all(p.returncode == 0 for p in procs), [p.err[-2000:] for p in procs]
+    args = parser().parse_args(argv)
+    model, get_batch, recipe = demo_setup(args)
+    model.cuda()
+    Simulator(model, "petra", num_batches=args.steps, get_batch=get_batch, batch_size=args.batch,
+              recipe=recipe).run()
+    saved = torch.load(tmp_path / "petra.pt")
+    for name, a in model.state_dict().items():
+        b = saved[name].to(a.device)
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-7), f"{name}: NCCL pipeline differs from the simulator"
+
+
+
+def test_the_gpu_benchmark_runs(tmp_path):
+    """bench_gpu.py is the one prepared script for a lent GPU: keep it working (a CPU smoke run)."""
+    sys_path = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    sys.path.insert(0, sys_path)
+    try:
+        import bench_gpu
+
+        out = bench_gpu.main(["--device", "cpu", "--quick", "--methods", "backprop,petra", "--out", str(tmp_path)])
+    finally:
+        sys.path.remove(sys_path)
+        sys.modules.pop("bench_gpu", None)
+    assert [r["method"] for r in out["rows"]] == ["backprop", "petra"] and "petra_over_backprop_step" in out["ratios"][0]
+    assert list(tmp_path.glob("*.json"))
