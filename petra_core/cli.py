@@ -95,7 +95,7 @@ def cmd_train(args) -> int:
     except Exception as err:  # noqa: BLE001 - a distributed rank must exit, not hang in teardown
         if not distributed:
             raise
-        from .engine.distributed import fail
+        from .launch import fail
 
         fail(err)
     if rank == 0:

@@ -21,10 +21,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .accounting import measure_stage_costs
-from .engine.distributed import DEFAULT_TIMEOUT, DistributedPipeline, PipelineError, fail, init_distributed
+from .engine.distributed import DEFAULT_TIMEOUT, DistributedPipeline, PipelineError
 from .engine.pipeline import GetBatch
 from .placement import format_stages
-from .launch import launch_local
+from .launch import fail, init_distributed, launch_local
 from .placement import format_placement
 from .models import StagedModel
 from .optim import Recipe

@@ -1,4 +1,9 @@
-"""Launching ranks on this machine without torchrun (tests, ``--spawn``, ``petra train`` docs)."""
+"""Starting and ending the processes of a distributed run.
+
+:func:`init_distributed` joins the process group from torchrun's environment; :func:`launch_local`
+starts N ranks on this machine without torchrun (tests, benchmarks, the demo's ``--spawn``);
+:func:`fail` ends a rank at once after a failure (no hanging in teardown).
+"""
 from __future__ import annotations
 
 import datetime
@@ -10,7 +15,44 @@ import threading
 import time
 from collections.abc import Sequence
 
+import torch
 import torch.distributed as dist
+
+from .engine.distributed.failures import DEFAULT_TIMEOUT, PipelineError
+
+
+def default_device(backend: str | None = None) -> torch.device:
+    """``cuda:{LOCAL_RANK}`` when CUDA is available (and the backend is not gloo), else CPU."""
+    if torch.cuda.is_available() and backend != "gloo":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def init_distributed(backend: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+                     device: torch.device | str | None = None) -> torch.device:
+    """Join the process group from the environment (torchrun's RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT, LOCAL_RANK) with a short timeout; returns this rank's device.
+
+    ``backend`` defaults to NCCL when the device is a GPU, gloo otherwise. Does nothing but pick
+    the device if the process group already exists.
+    """
+    device = torch.device(device) if device is not None else default_device(backend)
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+        kwargs = {"device_id": device} if backend == "nccl" else {}
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout), **kwargs)
+    return device
+
+
+def fail(err: BaseException, code: int = 1) -> None:
+    """Print a pipeline failure to stderr and end the process at once (no hanging in teardown)."""
+    print(str(err) if isinstance(err, PipelineError) else f"petra: {type(err).__name__}: {err}",
+          file=sys.stderr, flush=True)
+    os._exit(code)
 
 
 def free_port() -> int:

@@ -86,11 +86,13 @@ class Runtime:
         self.pipe, self.data, self.manifest, self.prefetcher = None, None, None, None
         if cfg.runtime == "distributed":
             from .engine.distributed import DistributedWorld
+            from .launch import init_distributed
 
             if "WORLD_SIZE" not in os.environ:
                 raise ConfigError("runtime=distributed runs one process per rank: launch it with torchrun, "
                                   "e.g. " + torchrun_command(["CONFIG...", "runtime=distributed"]))
-            self.world = DistributedWorld(timeout=cfg.dist_timeout, device=device)
+            self.world = DistributedWorld(init_distributed(timeout=cfg.dist_timeout, device=device),
+                                          timeout=cfg.dist_timeout)
         else:
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 raise ConfigError(f"runtime=simulator in a launch of {os.environ['WORLD_SIZE']} processes "

@@ -11,6 +11,7 @@ Two independent measurements, both observation only:
 """
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable, Iterator
 
 from torch import Tensor
@@ -100,6 +101,7 @@ class AllocationMeter:
     net_bytes: int | None = None
 
     def __enter__(self) -> "AllocationMeter":
+        gc.collect()  # garbage of earlier work, freed inside, would count as a negative allocation
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         self._prof.__enter__()
         return self

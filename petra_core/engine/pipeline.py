@@ -1,15 +1,9 @@
-"""The one tick runner: a :class:`Pipeline` of stage workers, a schedule and a world.
+"""The one tick runner: :class:`Pipeline` (stage workers, a schedule, a world) and how to assemble one.
 
-``Pipeline(workers, schedule, world)`` runs this process's stages tick by tick (all of them in
-the simulator's one-process world, a contiguous range of them on a rank of a distributed run),
-drains the pipeline once at the end (flushing a final partial accumulation group), and saves
-and restores its in-flight state at a tick boundary. Only the world differs between the
-simulator and the distributed runtime; the per-stage code (:func:`run_stage_tick` on a
-:class:`~petra_core.engine.worker.StageWorker`) is the same, so same seed and configuration give
-the same weights bit for bit.
-
-A *tick* is the pipeline's unit of time (one forward and one backward per stage at most); a
-*step* is a worker's optimizer update (one per k backward passes).
+The same runner and per-stage code (:func:`run_stage_tick`) serve the simulator (every stage in
+a :class:`~petra_core.engine.world.LocalWorld`) and each rank of a distributed run; it drains the
+pipeline once at the end and saves its in-flight state at a tick boundary. A *tick* is the
+pipeline's unit of time; a *step* is a worker's optimizer update (one per k backward passes).
 """
 from __future__ import annotations
 
@@ -88,16 +82,14 @@ def run_stage_tick(worker: StageWorker, action: Action, world, get_batch: GetBat
 def assemble(model: StagedModel, method: str | Method, world, *, num_batches: int, get_batch: GetBatch | None,
              batch_size: int, k: int = 1, recipe: Recipe = Recipe(), batches_per_epoch: float | None = None,
              placement="even", measure: Callable | None = None, sample: tuple[Tensor, Tensor] | None = None,
-             check_same_model: bool = True, sync_timing: bool = False) -> dict:
+             sync_timing: bool = False) -> dict:
     """The parts of a :class:`Pipeline` of ``model`` in ``world``: ``Pipeline(**assemble(...))``.
 
-    Every rank calls it with the same arguments and an identical ``model`` (same seed). In a world
-    of several ranks they first check that they agree on the configuration and initial weights;
-    rank 0 decides the placement (``"even"``, explicit ranges like ``"0-3,4-9"``, or ``"balanced"``:
-    stage costs from ``measure(model, sample, method=..., device=...)``, e.g.
-    :func:`petra_core.accounting.measure_stage_costs`, on ``sample`` or ``get_batch(0)``) and shares it. Each stage of this
-    process then moves to its device (``world.device_for``) and gets a worker. ``get_batch`` is
-    only called where stage 0 lives (other ranks may pass None).
+    Every rank calls it alike, with an identical ``model`` (same seed; ranks check they agree).
+    Rank 0 decides the placement (``"even"``, ranges like ``"0-3,4-9"``, or ``"balanced"``: costs
+    from ``measure(model, sample or get_batch(0), method=, device=)``, e.g.
+    :func:`petra_core.accounting.measure_stage_costs`). This process's stages move to their devices
+    (``world.device_for``) and get workers; ``get_batch`` is called only where stage 0 lives.
     """
     from ..placement import parse_placement
 
@@ -107,8 +99,7 @@ def assemble(model: StagedModel, method: str | Method, world, *, num_batches: in
     if world.world_size > 1:
         from .distributed.world import model_fingerprint
 
-        config = (getattr(model, "arch", None), J, method.name, num_batches, k, batch_size,
-                  model_fingerprint(model) if check_same_model else None)
+        config = (getattr(model, "arch", None), J, method.name, num_batches, k, batch_size, model_fingerprint(model))
         configs = world.all_objects(config)
         differ = [r for r, c in enumerate(configs) if c != configs[0]]
         if differ:
@@ -177,10 +168,6 @@ class Pipeline:
         return self.world.world_size
 
     @property
-    def owns_head(self) -> bool:
-        return self.workers[-1].is_last
-
-    @property
     def done(self) -> bool:
         return self.tick >= self.schedule.num_ticks
 
@@ -232,7 +219,7 @@ class Pipeline:
     def head_log(self) -> list[HeadRecord]:
         """(mb, loss, correct, n) of every minibatch the head has processed; empty where the head
         lives elsewhere. Reading it copies the head's unread values from its device."""
-        return self.workers[-1].head_log.records() if self.owns_head else []
+        return self.workers[-1].head_log.records() if self.workers[-1].is_last else []
 
     # ---- gathers (collective: every rank calls them, in the same order) --------------------------
     def gather_object(self, obj, dst: int = 0) -> list | None:

@@ -1,9 +1,5 @@
-"""The single-process pipeline simulator: every stage in one process, tick by tick.
-
-A :class:`Simulator` is the :class:`~petra_core.engine.pipeline.Pipeline` of every stage in a
-:class:`~petra_core.engine.world.LocalWorld`: the same runner and per-stage code as the
-distributed runtime, with in-process FIFOs for a transport.
-"""
+"""The single-process simulator: the :class:`~petra_core.engine.pipeline.Pipeline` of every stage in
+a :class:`~petra_core.engine.world.LocalWorld` (in-process FIFOs; the same per-stage code)."""
 from __future__ import annotations
 
 from ..methods import Method
@@ -14,12 +10,8 @@ from .world import LocalWorld
 
 
 class Simulator(Pipeline):
-    """Run ``method`` on ``model`` for ``num_batches`` minibatches given by ``get_batch(mb)``.
-
-    The pipeline is drained at the end: every minibatch gets its backward at every stage, and a
-    final partial accumulation group (num_batches not a multiple of k) is applied as a mean over
-    what it holds.
-    """
+    """Run ``method`` on ``model`` for ``num_batches`` minibatches given by ``get_batch(mb)``. The
+    pipeline is drained at the end; a final partial accumulation group is applied as its mean."""
 
     def __init__(
         self,

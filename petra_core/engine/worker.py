@@ -1,16 +1,10 @@
 """The stage worker: Algorithm 1 of the paper for one stage, independent of the transport.
 
-Per tick a worker runs (at most) one forward and one backward, in that order and on the same
-weights; it accumulates weight gradients over k backward passes (the loss is scaled by 1/k at
-the head, so the accumulated gradient is the mean over the k minibatches) and then takes an
-optimizer *step* (its own optimizer and learning-rate schedule). What it keeps between forward
-and backward, how it gets its input back and how gradients reach its parameters are its storage
-policy's business.
-
-Nothing here waits for the device: the head keeps its loss and accuracy on the device
-(:class:`HeadLog`) until someone reads them, and inputs arriving from another device are copied
-asynchronously, so a pipeline spread over several GPUs launches every stage's work in a tick
-without a host synchronisation.
+Per tick a worker runs at most one forward and one backward, on the same weights; after k
+backward passes (the head scales the loss by 1/k: the mean over k minibatches) it takes an
+optimizer *step*. What it keeps between forward and backward, and how gradients reach its
+weights, is its storage policy's business. Nothing here waits for the device: the head keeps its
+loss on the device (:class:`HeadLog`) and inputs from another GPU are copied asynchronously.
 """
 from __future__ import annotations
 
@@ -38,11 +32,8 @@ class HeadRecord(NamedTuple):
 
 
 class HeadLog:
-    """The head's per-minibatch loss and number of correct predictions.
-
-    They stay on the device as tensors until :meth:`records` is called, which copies everything
-    not yet read in one transfer: read it once per logging interval, not every tick.
-    """
+    """The head's per-minibatch loss and correct predictions, kept on the device until :meth:`records`
+    copies everything unread in one transfer: read it once per logging interval, not every tick."""
 
     def __init__(self):
         self._read: list[HeadRecord] = []
@@ -59,9 +50,6 @@ class HeadLog:
                            for (mb, _, _, n), loss, correct in zip(self._unread, *values)]
             self._unread.clear()
         return self._read
-
-    def __len__(self) -> int:
-        return len(self._read) + len(self._unread)
 
     def state_dict(self) -> list[tuple]:
         return [tuple(r) for r in self.records()]

@@ -1,18 +1,11 @@
 """What crosses processes, for a pipeline that lives in one: the trivial world.
 
-A *world* is everything a :class:`~petra_core.engine.pipeline.Pipeline` and the trainer need
-from the processes around them:
-
-* the placement (which contiguous stages each rank owns) and this process's ``rank``;
-* the transport: ``send_forward``/``recv_forward``/``send_backward``/``recv_backward`` (a message
-  sent at tick t is received at tick t + 1), ``begin_tick``, ``finish`` and its in-flight
-  ``state_dict`` at a tick boundary;
-* collectives: ``gather_object``, ``share`` (rank 0's object everywhere), ``together`` (run on
-  every rank, fail on every rank if one fails), ``agree`` (stop verdicts at a tick boundary);
-* failures: ``failure`` turns an error into what every rank should raise.
-
-:class:`LocalWorld` is the one-process world of the simulator: FIFOs and collectives of one.
-``petra_core.engine.distributed.DistributedWorld`` is the same over torch.distributed.
+A *world* is what a :class:`~petra_core.engine.pipeline.Pipeline` and the trainer need from the
+processes around them: the placement of stages on ranks and this ``rank``; the transport (sends
+and receives: a message sent at tick t is received at t + 1, and its in-flight ``state_dict``);
+collectives (``gather_object``, ``share``, ``together``, ``agree`` at a tick boundary); and what
+a failure becomes (``failure``). :class:`LocalWorld` is the simulator's: FIFOs and collectives
+of one; ``DistributedWorld`` is the same over torch.distributed.
 """
 from __future__ import annotations
 
@@ -26,11 +19,8 @@ from .messages import BackwardMsg, ForwardMsg
 
 
 class LocalWorld:
-    """Every stage in this process: messages go through one FIFO per (direction, receiving stage).
-
-    ``devices``: where the stages go, in contiguous blocks of equal stage counts (e.g. every
-    visible GPU); None leaves them where they are.
-    """
+    """Every stage in this process, messages in one FIFO per (direction, receiving stage). ``devices``:
+    where the stages go, in contiguous blocks (e.g. every visible GPU); None leaves them where they are."""
 
     rank, world_size, is_main = 0, 1, True
 
@@ -70,17 +60,14 @@ class LocalWorld:
     def recv_backward(self, dst: int) -> BackwardMsg:
         return self.queues[("backward", dst)].popleft()
 
-    def begin_tick(self, tick: int) -> None:
-        """Nothing to post: a message is in its FIFO as soon as it is sent."""
+    def begin_tick(self, tick: int) -> None:  # a message is in its FIFO as soon as it is sent
+        pass
 
-    def finish(self) -> None:
-        """Nothing in flight outside the FIFOs."""
+    def finish(self) -> None:  # nothing in flight outside the FIFOs
+        pass
 
-    def close(self) -> None:
-        """Nothing to release (a distributed world stops its threads here)."""
-
-    def in_flight(self) -> int:
-        return sum(len(q) for q in self.queues.values())
+    def close(self) -> None:  # nothing to release
+        pass
 
     def state_dict(self) -> dict:
         return {key: [(type(m).__name__, dataclasses.asdict(m)) for m in q] for key, q in self.queues.items() if q}

@@ -1,11 +1,9 @@
-"""Failure handling shared by every rank: error types, one-line messages, the shared failure key.
+"""Failures seen by every rank: error types, one-line messages, the shared failure key, heartbeats.
 
 The first rank to see a failure writes a message naming the failed stage(s) to the rendezvous
-store (``petra/failed``, compare-and-set: the first report wins). A watchdog thread on every
-rank polls that key and ends its process (status 1) with the same message, so all ranks stop
-within seconds of the first detection, whatever collective or receive they are blocked in.
-The same thread bumps this rank's heartbeat counter (``petra/alive/RANK``): when a collective
-breaks, the ranks whose counters stopped are the ones that died.
+store (``petra/failed``, compare-and-set: the first report wins); a watchdog thread on every
+rank ends its process with that message, whatever it is blocked in. The same thread bumps this
+rank's heartbeat (``petra/alive/RANK``): when a collective breaks, the silent ranks are the dead.
 """
 from __future__ import annotations
 
@@ -66,19 +64,9 @@ def is_timeout(err: BaseException) -> bool:
     return isinstance(err, TimeoutError) or "timed out" in str(err).lower() or "timeout" in str(err).lower()
 
 
-def fail(err: BaseException, code: int = 1) -> None:
-    """Print a pipeline failure to stderr and end the process at once (no hanging in teardown)."""
-    print(str(err) if isinstance(err, PipelineError) else f"petra: {type(err).__name__}: {err}",
-          file=sys.stderr, flush=True)
-    os._exit(code)
-
-
 class FailureWatch:
-    """Publishes this rank's first failure to the store, watches for the other ranks', and keeps
-    this rank's heartbeat going.
-
-    ``describe()`` names this rank (``"rank 1 (stages 4-6)"``); ``tick()`` says where it is.
-    """
+    """Publishes this rank's first failure, watches for the other ranks', keeps this rank's heartbeat.
+    ``describe()`` names this rank (``"rank 1 (stages 4-6)"``); ``tick()`` says where it is."""
 
     def __init__(self, rank: int, describe: Callable[[], str], tick: Callable[[], int], store=None):
         self.rank, self.describe, self.tick = rank, describe, tick
@@ -114,9 +102,8 @@ class FailureWatch:
         return [r for r in range(world_size) if r != self.rank and (not after[r] or after[r] == before[r])]
 
     def report(self, message: str) -> str:
-        """Publish ``message`` as this rank's failure (unless another rank's came first) and stop
-        watching; returns the message to raise — led by the root cause when another rank
-        reported one before."""
+        """Publish ``message`` as this rank's failure (unless another rank's came first); returns the
+        message to raise, led by the root cause when another rank reported one before."""
         self.failed = message
         self.stopped.set()
         first = None

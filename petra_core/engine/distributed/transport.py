@@ -1,27 +1,20 @@
-"""The transport between ranks: stage messages over torch.distributed point-to-point operations.
+"""Stage messages between ranks, over torch.distributed point-to-point operations.
 
-A message to a stage on another rank is sent in the wire format (``wire.py``) on the process
-group of that direction of that pair of neighbouring ranks, so each stream is matched in order
-and, on NCCL, sends and receives never queue behind each other.
-
-A message sent at tick t is consumed at tick t + 1. Sends are non-blocking; a send's handle is
-waited on two ticks later (flow control, and the tensor stays alive until then). At the start
-of tick t a rank asks a background receiver thread (one per incoming edge) for every message
-its remote neighbours send during tick t, so the transfer overlaps compute.
-
-At a tick boundary :meth:`DistributedTransport.settle` receives every message already sent to
-this rank into a local queue and waits for every send to complete: nothing is left on the
-wire, and :meth:`~DistributedTransport.state_dict` captures the messages not yet consumed.
+Each direction of each pair of neighbouring ranks has its own process group, so every stream is
+matched in order (and, on NCCL, sends and receives never queue behind each other). A message
+sent at tick t is consumed at t + 1: sends are waited on two ticks later (flow control), and a
+background receiver per incoming edge fetches this tick's messages while the rank computes. At a
+tick boundary :meth:`DistributedTransport.settle` leaves nothing on the wire, so ``state_dict``
+holds every message not yet consumed.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime
-import queue
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -44,8 +37,6 @@ class TransportStats:
     background_recv_s: float = 0.0
     bytes_sent: int = 0
     bytes_received: int = 0
-    messages_sent: int = 0
-    messages_received: int = 0
 
 
 @dataclass
@@ -58,73 +49,49 @@ class _Edge:
 
 
 class _Receiver:
-    """Receives, in a daemon thread, the messages of one incoming edge in the order requested."""
+    """Receives the messages of one incoming edge, in the order requested, in a background thread
+    (on a side stream on CUDA, with an event for the consumer to wait on)."""
 
     def __init__(self, edge: _Edge, device: torch.device, stats: TransportStats):
         self.edge, self.device, self.stats = edge, device, stats
-        self.requests: queue.Queue = queue.Queue()
-        self.results: queue.Queue = queue.Queue()
-        self.pending: deque[int] = deque()  # minibatches requested and not yet handed over
-        self.cuda = device.type == "cuda"
-        self.stream = torch.cuda.Stream(device) if self.cuda else None
-        self.thread = threading.Thread(target=self._loop, daemon=True,
-                                       name=f"petra-recv-{DIRECTION[edge.direction]}-{edge.dst}")
-        self.thread.start()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"petra-recv-{DIRECTION[edge.direction]}-{edge.dst}")
+        self.pending: deque[tuple[int, Future]] = deque()  # requested and not yet handed over
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def request(self, mb: int) -> None:
-        self.pending.append(mb)
-        self.requests.put(mb)
+        self.pending.append((mb, self.pool.submit(self._receive, mb)))
 
     def stop(self) -> None:
-        self.requests.put(None)
-
-    def _loop(self) -> None:
-        if self.cuda:
-            torch.cuda.set_device(self.device)
-        while True:
-            mb = self.requests.get()
-            if mb is None:
-                return
-            try:
-                with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
-                    self.results.put((mb, self._receive(mb), None))
-            except BaseException as err:  # noqa: BLE001 - handed to the main thread
-                self.results.put((mb, None, err))
-                return
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _receive(self, mb: int):
         e = self.edge
-        header = torch.empty(HEADER, dtype=torch.int64, device=self.device)
-        dist.irecv(header, e.peer, group=e.group).wait()
-        t0 = time.perf_counter()
-        h = header.tolist()
-        if h[0] != MAGIC or h[1] != e.direction:
-            raise ProtocolError(f"corrupt message header from rank {e.peer}: {h[:3]}")
-        if h[2] != mb:
-            raise ProtocolError(f"expected the {DIRECTION[e.direction]} message of minibatch {mb}, got {h[2]}")
-        slots = [from_wire(h[3:3 + SLOT], self.device), from_wire(h[3 + SLOT:], self.device)]
-        works = [dist.irecv(s[0], e.peer, group=e.group) for s in slots if s is not None]
-        for w in works:
-            w.wait()
-        tensors = [None if s is None else restore_layout(*s) for s in slots]
-        event = None
-        if self.cuda:
-            event = torch.cuda.Event()
-            event.record(self.stream)
+        if self.stream is not None:
+            torch.cuda.set_device(self.device)
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            header = torch.empty(HEADER, dtype=torch.int64, device=self.device)
+            dist.irecv(header, e.peer, group=e.group).wait()
+            t0 = time.perf_counter()
+            h = header.tolist()
+            if h[0] != MAGIC or h[1] != e.direction:
+                raise ProtocolError(f"corrupt message header from rank {e.peer}: {h[:3]}")
+            if h[2] != mb:
+                raise ProtocolError(f"expected the {DIRECTION[e.direction]} message of minibatch {mb}, got {h[2]}")
+            slots = [from_wire(h[3:3 + SLOT], self.device), from_wire(h[3 + SLOT:], self.device)]
+            for work in [dist.irecv(s[0], e.peer, group=e.group) for s in slots if s is not None]:
+                work.wait()
+            event = None
+            if self.stream is not None:
+                event = torch.cuda.Event()
+                event.record(self.stream)
         self.stats.background_recv_s += time.perf_counter() - t0
         self.stats.bytes_received += sum(s[0].numel() * s[0].element_size() for s in slots if s is not None)
-        self.stats.messages_received += 1
-        return make_message(e.direction, mb, *tensors), event
+        return make_message(e.direction, mb, *(None if s is None else restore_layout(*s) for s in slots)), event
 
 
 class DistributedTransport:
-    """The four transport calls between stages on different ranks, over torch.distributed
-    point-to-point operations (messages between stages of one rank never come here).
-
-    ``placement[r]`` is the range of stages rank r owns. Call :meth:`begin_tick` at the start of
-    every tick (it posts this tick's receives and retires old sends) and :meth:`finish` after
-    the last one; :meth:`state_dict` / :meth:`load_state_dict` at a tick boundary.
-    """
+    """Sends and receives between stages on different ranks (``placement[r]``: rank r's stages).
+    :meth:`begin_tick` posts a tick's receives and retires old sends; :meth:`finish` ends the run."""
 
     def __init__(self, placement: Sequence[range], schedule, *, rank: int, device: torch.device,
                  timeout: float = DEFAULT_TIMEOUT, groups: dict | None = None, on_failure=None):
@@ -206,15 +173,21 @@ class DistributedTransport:
             raise self._send_error(edge, mb, err) from err
         self.sends.append((self.tick, edge, mb, works, tensors))
         self.stats.bytes_sent += sum(t.numel() * t.element_size() for t in tensors[1:])
-        self.stats.messages_sent += 1
         self.stats.send_s += time.perf_counter() - t0
+
+    def _lost(self, peer: int, what: str, err: BaseException) -> PipelineError:
+        """The neighbour owning stage ``peer`` stopped responding or failed while this rank did ``what``."""
+        if isinstance(err, ProtocolError):
+            return self._fail(f"petra: protocol error from {self.where(peer)} while {what}: {err} "
+                              "(do all ranks run the same configuration and version?)")
+        if is_timeout(err):
+            return self._fail(f"petra: {self.where(peer)} stopped responding: timed out after {self.timeout:g} s "
+                              f"while {what}" + (f" ({short(err)})" if str(err) else ""))
+        return self._fail(f"petra: {self.where(peer)} failed: connection lost while {what} ({short(err)})")
 
     def _send_error(self, edge: _Edge, mb: int, err: BaseException) -> PipelineError:
         what = f"{self.where(edge.src)} was sending it the {DIRECTION[edge.direction]} message of minibatch {mb}"
-        if is_timeout(err):
-            return self._fail(f"petra: {self.where(edge.dst)} stopped responding: timed out after {self.timeout:g} s "
-                              f"while {what} ({short(err)})")
-        return self._fail(f"petra: {self.where(edge.dst)} failed: connection lost while {what} ({short(err)})")
+        return self._lost(edge.dst, what, err)
 
     def _retire(self, due: Callable[[tuple], bool]) -> None:
         t0 = time.perf_counter()
@@ -250,29 +223,17 @@ class DistributedTransport:
     def _take(self, direction: int):
         """The oldest requested message of the incoming edge of ``direction`` (waits for it)."""
         rx = self.receivers[direction]
-        src, dst = rx.edge.src, rx.edge.dst
+        mb, future = rx.pending[0]
         t0 = time.perf_counter()
         try:
-            mb, result, err = rx.results.get(timeout=self.timeout)
-            rx.pending.popleft()
-        except queue.Empty:
-            mb = rx.pending[0] if rx.pending else "?"
-            raise self._fail(
-                f"petra: {self.where(src)} stopped responding: timed out after {self.timeout:g} s while "
-                f"{self.where(dst)} was waiting for its {DIRECTION[direction]} message of minibatch {mb}"
-            ) from None
+            msg, event = future.result(timeout=self.timeout)
+        except BaseException as err:  # noqa: BLE001 - a timeout, or the receive's own failure
+            what = (f"{self.where(rx.edge.dst)} was {'waiting for' if isinstance(err, TimeoutError) else 'receiving'}"
+                    f" its {DIRECTION[direction]} message of minibatch {mb}")
+            raise self._lost(rx.edge.src, what, err) from err
         finally:
             self.stats.recv_wait_s += time.perf_counter() - t0
-        what = f"{self.where(dst)} was receiving its {DIRECTION[direction]} message of minibatch {mb}"
-        if err is not None:
-            if isinstance(err, ProtocolError):
-                raise self._fail(f"petra: protocol error from {self.where(src)} while {what}: {err} "
-                                 "(do all ranks run the same configuration and version?)") from err
-            if is_timeout(err):
-                raise self._fail(f"petra: {self.where(src)} stopped responding: timed out after {self.timeout:g} s "
-                                 f"while {what} ({short(err)})") from err
-            raise self._fail(f"petra: {self.where(src)} failed: connection lost while {what} ({short(err)})") from err
-        msg, event = result
+        rx.pending.popleft()
         if event is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(event)

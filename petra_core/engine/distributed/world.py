@@ -1,60 +1,26 @@
 """The world of a distributed pipeline: this rank, its transport, and the collectives of the run.
 
-:class:`DistributedWorld` is the torch.distributed counterpart of
-:class:`~petra_core.engine.world.LocalWorld`: the same calls, over a process group joined from
-torchrun's environment (gloo on CPU, NCCL with one GPU per rank, ``cuda:LOCAL_RANK``).
-
-* Stage messages travel point to point (``transport.py``) on per-edge groups of the main backend.
-* The run's own collectives (gathers, ``share``, ``together``, the per-tick ``agree``) use two
-  gloo groups: CPU objects whatever the backend; the per-tick one is bounded by ``timeout`` like
-  every wait of the pipeline, the other one generously (rank 0 may prepare data or write a
-  checkpoint while the others wait).
-* Failures (``failures.py``): the first rank to see one publishes a message naming the failed
-  stage and rank; a watchdog on every rank ends its process with that message.
+:class:`DistributedWorld` makes :class:`~petra_core.engine.world.LocalWorld`'s calls work across
+ranks. Stage messages go point to point (``transport.py``); the run's own collectives (gathers,
+``share``, ``together``, the per-tick ``agree``) use two gloo groups, one bounded by ``timeout``
+like every wait of the pipeline, one generously (rank 0 may prepare data or write a checkpoint
+while the others wait). A collective that breaks names the rank that is gone (``failures.py``).
 """
 from __future__ import annotations
 
 import datetime
 import hashlib
-import os
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from ...placement import format_placement, format_stages
+from ...placement import format_stages
 from ..world import LocalWorld
 from .failures import DEFAULT_TIMEOUT, FailureWatch, PipelineError, is_timeout, short
 from .transport import DistributedTransport
 
 CONTROL_TIMEOUT = 3600.0  # how long ranks wait for rank 0 (data preparation, evaluation, checkpoint writes)
-
-
-def default_device(backend: str | None = None) -> torch.device:
-    """``cuda:{LOCAL_RANK}`` when CUDA is available (and the backend is not gloo), else CPU."""
-    if torch.cuda.is_available() and backend != "gloo":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-    return torch.device("cpu")
-
-
-def init_distributed(backend: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
-                     device: torch.device | str | None = None) -> torch.device:
-    """Join the process group from the environment (torchrun's RANK, WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT, LOCAL_RANK) with a short timeout; returns this rank's device.
-
-    ``backend`` defaults to NCCL when the device is a GPU, gloo otherwise. Does nothing but pick
-    the device if the process group already exists.
-    """
-    device = torch.device(device) if device is not None else default_device(backend)
-    if device.type == "cuda":
-        if device.index is None:
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        backend = backend or ("nccl" if device.type == "cuda" else "gloo")
-        kwargs = {"device_id": device} if backend == "nccl" else {}
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout), **kwargs)
-    return device
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -67,17 +33,22 @@ def model_fingerprint(model: torch.nn.Module) -> str:
 
 
 class DistributedWorld(LocalWorld):
-    """This rank of a run over torch.distributed (joins the process group if needed). Messages
+    """This rank of a run over torch.distributed: the process group must exist
+    (:func:`petra_core.launch.init_distributed` joins it from torchrun's environment). Messages
     between two stages of this rank stay in its local FIFOs (:class:`LocalWorld`)."""
 
-    def __init__(self, *, timeout: float = DEFAULT_TIMEOUT, device: torch.device | str | None = None,
-                 backend: str | None = None, control_timeout: float = CONTROL_TIMEOUT):
+    def __init__(self, device: torch.device | str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+                 control_timeout: float = CONTROL_TIMEOUT):
         super().__init__()
-        self.device = init_distributed(backend, timeout=timeout, device=device)
+        if not dist.is_initialized():
+            raise RuntimeError("a DistributedWorld needs a process group: call petra_core.launch.init_distributed()")
+        self.backend = dist.get_backend()
+        if device is None:  # NCCL: the GPU this process set (init_distributed); gloo: the CPU
+            device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else "cpu"
+        self.device = torch.device(device)
         self.timeout = timeout
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.is_main = self.rank == 0
-        self.backend = dist.get_backend()
         self.tick_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
         self.control = dist.new_group(backend="gloo",
                                       timeout=datetime.timedelta(seconds=max(control_timeout, timeout)))
@@ -240,6 +211,3 @@ class DistributedWorld(LocalWorld):
             self.transport.close()
         where = f"stage {stage} (rank {self.rank})" if stage is not None else self.describe()
         return PipelineError(self.report(f"petra: {where} failed at tick {tick}: {type(err).__name__}: {short(err)}"))
-
-    def environment(self) -> dict:
-        return {"world_size": self.world_size, "backend": self.backend, "placement": format_placement(self.placement)}
