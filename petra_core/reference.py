@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 REFERENCE_FILE = Path(__file__).resolve().parent / "paper_reference.yaml"
-SECTIONS = ("table1", "table2", "table3", "figure4", "recipe")
+SECTIONS = ("table1", "table2", "table3", "figure4", "budget", "recipe")
 
 
 @lru_cache(maxsize=4)

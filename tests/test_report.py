@@ -222,3 +222,74 @@ def test_k_is_picked_on_training_accuracy_over_shared_seeds():
     assert tables.pick_k(group.iloc[[0]], runs).k == 1
     tie = pd.DataFrame({"k": [1, 2], "seed": [0, 0], "train_acc": [50.0, 50.0]})
     assert tables.pick_k(group.iloc[:2], tie).k == 1
+
+
+# --- training budgets ------------------------------------------------------------------------------
+BUDGET_PROFILE = {
+    "profile": "fakebudget", "run_name": "{method}-k{k}-seed{seed}-e{epochs}",
+    "train": {"dataset": "cifar10", "data_source": "nowhere.tar.gz", "arch": "revnet18", "width": 8, "batch_size": 32},
+    "grid": [{"method": ["backprop", "petra", "delayed"], "k": 1, "seed": 0, "epochs": [2, 4, 8]},
+             {"method": "petra", "k": 4, "seed": 0, "epochs": 8},
+             {"method": ["backprop", "petra"], "k": 1, "seed": 1, "epochs": 8}],
+}
+GAP = {2: -20.0, 4: -10.0, 8: -5.0}  # PETRA's gap halves at each doubling
+
+
+def write_budget_run(run_dir, cfg):
+    top1 = 70.0 + cfg["epochs"] + (0.5 * cfg["seed"] if cfg["method"] == "backprop" else 0.0)
+    if cfg["method"] != "backprop":
+        top1 += GAP[cfg["epochs"]] * (1.5 if cfg["method"] == "delayed" else 1.0) + (1.0 if cfg["k"] == 4 else 0.0)
+    history = [{"epoch": e, "train_loss": 1.0, "train_acc": top1 + 10, "test_loss": 1.0, "top1": top1, "top5": 99.0,
+                "lr": 0.1, "images_per_s": 1.0, "wall_time_s": 1.0, "eval_time_s": 0.1} for e in range(1, cfg["epochs"] + 1)]
+    metrics = {"top1": top1, "top5": 99.0, "test_loss": 1.0, "train_loss": 1.0, "train_acc": top1 + 10,
+               "best_top1": top1, "top1_last10_mean": top1, "epochs": cfg["epochs"],
+               "optimizer_steps": 250 * cfg["epochs"] // cfg["k"], "peak_kept_bytes": [0] * 10, "images_per_s": 1.0,
+               "wall_time_s": 1.0, "params": 177_274, "stages": 10, "stage_kinds": "S R R D R D R D R H",
+               "top1_bn_reestimated": top1 + (3.0 if cfg["method"] != "backprop" else 1.0)}
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(RunConfig.from_dict(cfg).to_dict()))
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    (run_dir / "history.json").write_text(json.dumps(history))
+
+
+@pytest.fixture(scope="module")
+def budget(tmp_path_factory, cost_tables):
+    root = tmp_path_factory.mktemp("budget")
+    path = root / "fakebudget.yaml"
+    path.write_text(yaml.safe_dump(BUDGET_PROFILE))
+    for run in grid.runs(BUDGET_PROFILE):
+        write_budget_run(root / run.directory, run.config.to_dict())
+    out = root / "results" / "fakebudget"
+    results.write(results.collect(path, root=root), out)
+    return results.load(out)
+
+
+def test_the_gap_is_taken_against_backprop_at_the_same_budget(budget):
+    from petra_core.report.budget import gap_frame, paper_point, trend
+
+    frame = gap_frame(budget["summary"], budget["results"])
+    petra = frame[(frame.method == "petra") & (frame.k == 1)].set_index("minibatches")
+    assert list(petra.index) == [500, 1000, 2000]
+    assert petra.gap_top1.tolist() == pytest.approx([-20.0, -10.0, -5.0 - 0.25])  # backprop at 8 epochs: 2 seeds
+    assert petra.gap_top1_bn_reestimated.tolist() == pytest.approx([-18.0, -8.0, -3.25])
+    assert petra.loc[2000, "n"] == 2 and not math.isnan(petra.loc[2000, "gap_top1_err"])
+    paper = paper_point(load_paper_reference())
+    assert paper == {"minibatches": 234375, "gap": 0.0, "epochs": 300, "batch": 64}
+    fit = trend(frame, "petra", 1, paper["minibatches"])
+    assert fit["monotonic"] and fit["kind"] == "power" and 0.4 < fit["factor_per_doubling"] < 0.6
+    assert -1.0 < fit["predicted_gap"] < 0
+
+
+def test_budget_profiles_render_table_2_at_their_largest_budget(budget, cost_tables, tmp_path):
+    out = tmp_path / "results"
+    results.write({name: budget[name] for name in results.FRAMES}, out)
+    tables.render_all(out, cost_tables, tmp_path, profile="fakebudget")
+    t2 = (tmp_path / "table2_accuracy.md").read_text()
+    assert "the largest of the profile's training budgets: 8 epochs" in t2
+    assert "78.25 ± 0.35 (n = 2)" in t2  # backprop at 8 epochs, two seeds
+    gap = (tmp_path / "budget_gap.md").read_text()
+    assert "| 2,000 | 8 | 78.25 ± 0.35 (n = 2) |" in gap and "234,375" in gap and "| PETRA k=1 | as trained |" in gap
+    from petra_core.report.figures import draw_all
+
+    paths = draw_all(out, cost_tables, tmp_path / "figures", profile="fakebudget")
+    assert tmp_path / "figures" / "budget_gap.png" in paths

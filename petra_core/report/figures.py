@@ -4,7 +4,11 @@
 * ``training_curves``    training loss and test top-1 per epoch, per method and k (mean ± sd over seeds);
 * ``memory_per_stage``   bytes each stage keeps between forward and backward, per method (from the runs);
 * ``gradient_fidelity``  cosine of each delayed gradient with the true one (the runs' ``fidelity.csv``,
-  or the cached simulated sample in ``results/costs/fidelity.csv`` when no run logged one).
+  or the cached simulated sample in ``results/costs/fidelity.csv`` when no run logged one);
+* ``budget_gap``         top-1 gap to backprop against the number of minibatches trained, for a
+  profile of several budgets, with the paper's CIFAR-10 budget marked (``budget.py``).
+
+A profile of several budgets is drawn at its largest in the other figures.
 """
 from __future__ import annotations
 
@@ -14,12 +18,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from . import labels  # noqa: E402
+from .budget import METRICS, at_largest_budget, gap_frame, paper_point, trend, trend_curve, varies_budget  # noqa: E402
 
-FIGURES = ("fig4_accumulation", "training_curves", "memory_per_stage", "gradient_fidelity")
+FIGURES = ("fig4_accumulation", "training_curves", "memory_per_stage", "gradient_fidelity", "budget_gap")
 FORMATS = {"png": {"dpi": 150, "metadata": {"Software": None}}, "pdf": {"metadata": {"CreationDate": None}}}
 PIPELINED = ("delayed", "dsp", "petra")
 
@@ -148,7 +154,44 @@ def gradient_fidelity(fidelity: pd.DataFrame, profile: str, fallback: pd.DataFra
     return fig
 
 
+SERIES_COLORS = {"petra": 2, "delayed": 1, "dsp": 3, "revbackprop": 4}
+
+
+def budget_gap(summary: pd.DataFrame, results: pd.DataFrame, profile: str, reference: dict):
+    if summary.empty or not varies_budget(summary):
+        return _empty(f"profile {profile} trains one budget per run: no gap-vs-budget curve "
+                      f"(the budget profile has one)")
+    frame = gap_frame(summary, results)
+    paper = paper_point(reference)
+    fig, axes = _panels(list(METRICS), width=5.2, height=3.8)
+    palette = sns.color_palette("deep", 6)
+    for ax, (metric, what) in zip(axes, METRICS.items()):
+        for (method, k), g in frame.groupby(["method", "k"], sort=True):
+            color = palette[SERIES_COLORS.get(method, 5)]
+            ax.errorbar(g.minibatches, g[f"gap_{metric}"], yerr=g[f"gap_{metric}_err"].fillna(0), capsize=3,
+                        marker="o" if k == 1 else "s", ls="-" if len(g) > 1 else "none", color=color,
+                        label=f"{labels.run_label(method, k)}" + (f" (n = {int(g.n.max())})" if g.n.max() > 1 else ""))
+            fit = trend(frame, method, k, paper["minibatches"], metric)
+            if fit is not None:
+                xs = np.geomspace(g.minibatches.max(), paper["minibatches"], 20)
+                ax.plot(xs, trend_curve(fit, xs), ls=":", color=color,
+                        label=f"  trend: {fit['predicted_gap']:+.1f} at the paper's budget")
+        ax.axhline(0, color="black", lw=1)
+        ax.scatter([paper["minibatches"]], [paper["gap"]], marker="*", s=160, color="black", zorder=5,
+                   label=f"paper: CIFAR-10, {paper['epochs']} epochs (~{paper['minibatches']:,} minibatches)")
+        ax.set_xscale("log")
+        ax.set(xlabel="minibatches trained (log scale)", ylabel="top-1 minus backprop's (points)",
+               title=f"top-1 {what}")
+        ax.legend(fontsize="x-small", loc="lower right")
+    first = frame.iloc[0]
+    fig.suptitle(f"Gap to backprop against training budget — {labels.model_label(first.arch)} width "
+                 f"{int(first.width)}, {labels.DATASET_LABELS.get(first.dataset, first.dataset)} (profile {profile}; "
+                 f"error bars: sd over seeds)", y=1.02)
+    return fig
+
+
 def draw_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path, profile: str) -> list[Path]:
+    from ..reference import load_paper_reference
     from . import costs as costs_mod
     from . import results as results_mod
 
@@ -157,8 +200,10 @@ def draw_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path
     fallback = costs_mod.load(costs_dir)["fidelity"]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    figs = {"fig4_accumulation": fig4_accumulation(frames["summary"], profile),
-            "training_curves": training_curves(frames["history"], profile),
+    summary, history = frames["summary"], frames["history"]
+    figs = {"fig4_accumulation": fig4_accumulation(at_largest_budget(summary), profile),
+            "training_curves": training_curves(at_largest_budget(history), profile),
             "memory_per_stage": memory_per_stage(frames["memory"], profile),
-            "gradient_fidelity": gradient_fidelity(frames["fidelity"], profile, fallback)}
+            "gradient_fidelity": gradient_fidelity(frames["fidelity"], profile, fallback),
+            "budget_gap": budget_gap(summary, frames["results"], profile, load_paper_reference())}
     return [path for name, fig in figs.items() for path in save(fig, out_dir, name)]

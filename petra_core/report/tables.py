@@ -12,11 +12,13 @@ from pathlib import Path
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from . import labels
 from ..reference import load_paper_reference
+from . import labels
+from .budget import METRICS, at_largest_budget, gap_frame, paper_point, trend, varies_budget
 
 TEMPLATES = Path(__file__).parent / "templates"
-TABLES = {"table1_costs": "Table 1", "table2_accuracy": "Table 2", "table3_memory": "Table 3"}
+TABLES = {"table1_costs": "Table 1", "table2_accuracy": "Table 2", "table3_memory": "Table 3",
+          "budget_gap": "the gap against training budget"}
 FORMATS = ("md", "tex")
 QUANTITIES = ("activations", "params", "comm", "flops", "time")
 
@@ -24,7 +26,7 @@ QUANTITIES = ("activations", "params", "comm", "flops", "time")
 def environment() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined, autoescape=False,
                       trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    env.filters.update(num=labels.num, pm=labels.pm, millions=labels.millions, expr=labels.pretty_expr,
+    env.filters.update(num=labels.num, pm=labels.pm, signed=labels.signed, millions=labels.millions, expr=labels.pretty_expr,
                        formula=labels.formula, tex=labels.tex)
     return env
 
@@ -50,7 +52,10 @@ def describe_runs(results: pd.DataFrame) -> str:
         hardware += f" ({env.get('env_processor', '?')}, {env.get('env_torch_threads', '?')} thread(s))"
     elif not labels.missing(env.get("env_gpus")):
         hardware += f" ({env.get('env_gpus')})"
-    return f"{'; '.join(parts)}; trained on {hardware}, torch {env.get('env_torch', '?')}"
+    revisions = sorted({str(r)[:12] + ("-dirty" if str(r).endswith("-dirty") else "")
+                        for r in results.get("env_git_revision", pd.Series(dtype=object)).dropna()})
+    code = f", code at revision {', '.join(revisions)}" if revisions else ""
+    return f"{'; '.join(parts)}; trained on {hardware}, torch {env.get('env_torch', '?')}{code}"
 
 
 def _row_order(method: str, arch: str) -> tuple:
@@ -74,8 +79,9 @@ def pick_k(group: pd.DataFrame, runs: pd.DataFrame) -> pd.Series:
 
 
 def table2_context(frames: dict, profile: str, reference: dict | None = None) -> dict:
+    """Our column: the profile's runs, at its largest budget where it has several."""
     ref = (reference or load_paper_reference())["table2"]
-    summary, results = frames["summary"], frames["results"]
+    summary, results = at_largest_budget(frames["summary"]), at_largest_budget(frames["results"])
     datasets = [{"key": d, "label": labels.DATASET_LABELS.get(d, d), "paper": d in ref["datasets"]}
                 for d in summary.dataset.unique()]
     paper_rows = {(r["method"], r["arch"]): r for r in ref["rows"] if r.get("variant") != "hub"}
@@ -100,7 +106,9 @@ def table2_context(frames: dict, profile: str, reference: dict | None = None) ->
                      "k_tried": ", ".join(map(str, k_tried)), "cells": cells})
     rows.sort(key=lambda r: _row_order(r["method"], r["arch"]))
     seeds = {d["key"]: ref["seeds"].get(d["key"]) for d in datasets}
-    return {"profile": profile, "setting": describe_runs(results), "datasets": datasets, "rows": rows,
+    budget = "" if not varies_budget(frames["summary"]) else (
+        f" (the largest of the profile's training budgets: {int(results.epochs.max())} epochs)")
+    return {"profile": profile, "setting": describe_runs(results) + budget, "datasets": datasets, "rows": rows,
             "paper_source": ref["source"], "paper_seeds": seeds, "k_choices": ", ".join(map(str, ref["k_choices"]))}
 
 
@@ -141,7 +149,7 @@ def table3_context(costs: dict, frames: dict | None, profile: str | None, refere
     first = t3.iloc[0]
     measured = []
     if frames is not None and not frames["summary"].empty:
-        s = frames["summary"]
+        s = at_largest_budget(frames["summary"])
         for r in s[s.arch.str.startswith("revnet")].itertuples():
             measured.append({"dataset": labels.DATASET_LABELS.get(r.dataset, r.dataset), "model": labels.model_label(r.arch),
                              "width": int(r.width), "method": labels.METHOD_LABELS.get(r.method, r.method), "k": int(r.k),
@@ -151,6 +159,47 @@ def table3_context(costs: dict, frames: dict | None, profile: str | None, refere
             "image_size": int(first.image_size), "J": int(first.num_stages), "paper_source": ref["source"],
             "params_ours": int(costs["info"]["table3_params"]), "params_authors": int(ref["params_authors"]),
             "bias_mb": float(bias_mb), "stem_gb": stem_gb, "measured": measured, "profile": profile}
+
+
+def budget_context(frames: dict, profile: str, reference: dict | None = None) -> dict:
+    """Per training budget: backprop, every other method's top-1 and its gap, as trained and with
+    batch-norm statistics re-estimated; the trend of each gap, extrapolated to the paper's budget."""
+    reference = reference or load_paper_reference()
+    summary = frames["summary"]
+    paper = paper_point(reference)
+    context = {"profile": profile, "applies": varies_budget(summary), "paper": paper, "metrics": METRICS,
+               "series": [], "rows": [], "trends": [], "setting": ""}
+    if not context["applies"]:
+        return context
+    frame = gap_frame(summary, frames["results"])
+    series = [(m, int(k)) for m, k in frame[["method", "k"]].drop_duplicates().itertuples(index=False)]
+    series.sort(key=lambda s: (labels.METHOD_ORDER.index(s[0]) if s[0] in labels.METHOD_ORDER else 99, s[1]))
+    context["series"] = [{"label": labels.run_label(m, k), "method": m, "k": k} for m, k in series]
+    for (minibatches, epochs), g in frame.groupby(["minibatches", "epochs"], sort=True):
+        first = g.iloc[0]
+        row = {"minibatches": int(minibatches), "epochs": int(epochs), "cells": {}}
+        for metric in METRICS:
+            row["cells"][metric] = {
+                "backprop": {"mean": first[f"backprop_{metric}"], "std": first[f"backprop_{metric}_std"],
+                             "n": int(first.backprop_n)},
+                "series": [_series_cell(g, m, k, metric) for m, k in series]}
+        context["rows"].append(row)
+    for m, k in series:
+        for metric in METRICS:
+            fit = trend(frame, m, k, paper["minibatches"], metric)
+            if fit is not None:
+                context["trends"].append({**fit, "label": labels.run_label(m, k), "metric": METRICS[metric]})
+    context["setting"] = describe_runs(frames["results"])
+    return context
+
+
+def _series_cell(g: pd.DataFrame, method: str, k: int, metric: str) -> dict:
+    r = g[(g.method == method) & (g.k == k)]
+    if r.empty:
+        return {"mean": None, "std": None, "n": 0, "gap": None, "gap_err": None}
+    r = r.iloc[0]
+    return {"mean": r[metric], "std": r[f"{metric}_std"], "n": int(r.n), "gap": r[f"gap_{metric}"],
+            "gap_err": r[f"gap_{metric}_err"]}
 
 
 # ---- rendering ----------------------------------------------------------------------------------
@@ -164,7 +213,8 @@ def render_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Pa
     reference = load_paper_reference()
     contexts = {"table1_costs": table1_context(costs, reference),
                 "table2_accuracy": table2_context(frames, profile, reference),
-                "table3_memory": table3_context(costs, frames, profile, reference)}
+                "table3_memory": table3_context(costs, frames, profile, reference),
+                "budget_gap": budget_context(frames, profile, reference)}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []

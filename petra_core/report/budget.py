@@ -1,0 +1,93 @@
+"""How the accuracy gap to backprop behaves as training gets longer (a profile of training budgets).
+
+A profile whose grid varies ``epochs`` trains each method at several budgets (minibatches =
+optimizer steps x k). :func:`gap_frame` pairs every (method, k, budget) with backprop at the
+same budget: top-1 and its gap to backprop, as trained and with batch-norm statistics
+re-estimated. :func:`trend` fits how the gap shrinks, a power law |gap| = c * minibatches^-a
+(the gap is multiplied by 2^-a at every doubling), and extrapolates it to the paper's budget
+(300 CIFAR-10 epochs, ~234,000 minibatches, where the paper's gap is 0).
+The figure and the table of the report are drawn from these.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+METRICS = {"top1": "as trained", "top1_bn_reestimated": "batch-norm statistics re-estimated"}
+
+
+def varies_budget(summary: pd.DataFrame) -> bool:
+    return "epochs" in summary.columns and summary.epochs.nunique() > 1
+
+
+def at_largest_budget(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the longest training, where a profile varies the budget (else all rows)."""
+    if frame.empty or not varies_budget(frame):
+        return frame
+    return frame[frame.epochs == frame.epochs.max()]
+
+
+def paper_point(reference: dict) -> dict:
+    """The paper's budget (minibatches) and gap on CIFAR-10, RevNet18, from the reference file."""
+    b, recipe = reference["budget"], reference["recipe"][reference["budget"]["dataset"]]
+    rows = {r["method"]: r for r in reference["table2"]["rows"]
+            if r["arch"] == b["arch"] and r.get("variant") != "hub"}
+    minibatches = recipe["epochs"] * b["train_examples"] // recipe["batch_petra"]
+    gap = rows["petra"][b["dataset"]] - rows["backprop"][b["dataset"]]
+    return {"minibatches": minibatches, "gap": gap, "epochs": recipe["epochs"], "batch": recipe["batch_petra"]}
+
+
+def gap_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
+    """One row per (dataset, arch, width, method, k, budget) of a method other than backprop."""
+    minibatches = (results.optimizer_steps * results.k).groupby(results.epochs).max()
+    rows = []
+    for r in summary.to_dict("records"):
+        if r["method"] == "backprop":
+            continue
+        bp = summary[(summary.method == "backprop") & (summary.dataset == r["dataset"]) & (summary.arch == r["arch"])
+                     & (summary.width == r["width"]) & (summary.epochs == r["epochs"])]
+        if bp.empty:
+            continue
+        bp = bp.iloc[0].to_dict()
+        row = {key: r[key] for key in ("dataset", "arch", "width", "method", "k", "epochs", "n")}
+        row.update(minibatches=int(minibatches[r["epochs"]]), backprop_n=int(bp["n"]))
+        for metric in METRICS:
+            mean, std = r[f"{metric}_mean"], r[f"{metric}_std"]
+            b_mean, b_std = bp[f"{metric}_mean"], bp[f"{metric}_std"]
+            spread = [s for s in (std, b_std) if not pd.isna(s)]
+            row.update({metric: mean, f"{metric}_std": std, f"backprop_{metric}": b_mean,
+                        f"backprop_{metric}_std": b_std, f"gap_{metric}": mean - b_mean,
+                        f"gap_{metric}_err": math.sqrt(sum(s * s for s in spread)) if spread else float("nan")})
+        rows.append(row)
+    return pd.DataFrame(rows).sort_values(["method", "k", "minibatches"], ignore_index=True) if rows else pd.DataFrame()
+
+
+def trend(frame: pd.DataFrame, method: str, k: int, at: float, metric: str = "top1") -> dict | None:
+    """How the gap of (method, k) shrinks with the budget, and what that predicts at ``at`` minibatches.
+
+    With every gap negative: least squares of log|gap| on log(minibatches), a power law whose
+    ``factor_per_doubling`` (2^-a) multiplies the gap at each doubling. Otherwise (a gap at or
+    above 0): a straight line in log10(minibatches). ``monotonic``: the gap shrank at every step.
+    """
+    g = frame[(frame.method == method) & (frame.k == k)].sort_values("minibatches")
+    if g.minibatches.nunique() < 2:
+        return None
+    x, gap = np.log2(g.minibatches.to_numpy(float)), g[f"gap_{metric}"].to_numpy(float)
+    out = {"method": method, "k": k, "at": at, "monotonic": bool((np.diff(gap) > 0).all())}
+    if (gap < 0).all():
+        slope, intercept = np.polyfit(x, np.log2(-gap), 1)
+        return {**out, "kind": "power", "factor_per_doubling": float(2.0 ** slope),
+                "predicted_gap": float(-(2.0 ** (intercept + slope * math.log2(at))))}
+    slope, intercept = np.polyfit(x, gap, 1)
+    return {**out, "kind": "line", "points_per_doubling": float(slope),
+            "predicted_gap": float(intercept + slope * math.log2(at))}
+
+
+def trend_curve(fit: dict, xs) -> list[float]:
+    """The fitted gap at the budgets ``xs`` (for drawing)."""
+    if fit["kind"] == "power":
+        ref = fit["predicted_gap"]
+        return [ref * (x / fit["at"]) ** math.log2(fit["factor_per_doubling"]) for x in xs]
+    return [fit["predicted_gap"] + fit["points_per_doubling"] * math.log2(x / fit["at"]) for x in xs]
