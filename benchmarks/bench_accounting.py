@@ -16,15 +16,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from petra_core import Recipe, Simulator, build_model
-from petra_core.accounting import measure_steady_state, network_costs, per_stage, table1, table3, track_fidelity
+from petra_core import build_model
+from petra_core.accounting import costs, measure_steady_state
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 40)
 
 
-def show_table3() -> pd.DataFrame:
-    df = pd.DataFrame(table3())
+def show_table3(df: pd.DataFrame) -> pd.DataFrame:
     order = ["paper", "formula", "formula_conv_bias", "real", "real_no_stem", "real_engine"]
     gb = df.pivot(index="row", columns="accounting", values="memory_gb")[order]
     sv = df.pivot(index="row", columns="accounting", values="saving_pct")[order]
@@ -56,19 +55,13 @@ def show_memory_check(quick: bool) -> pd.DataFrame:
     return df
 
 
-def show_table1(arch: str, cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    t0 = time.perf_counter()
-    df = per_stage(arch, **cfg)
-    rows = pd.DataFrame(table1(df))
-    stage = int(rows.stage.iloc[0])
-    J = int(rows.J.iloc[0])
-    print(f"\nTable 1 — {arch}, {cfg['stem']} stem {cfg['image_size']}², width {cfg['width']}, batch {cfg['batch']}, "
-          f"J = {J}; per-stage columns at stage j = {stage + 1} (1-based, {df.kind[df.stage == stage].iloc[0]}); "
-          f"measured in {time.perf_counter() - t0:.0f} s")
+def show_table1(arch: str, frames: dict, seconds: float) -> None:
+    df, rows, net = frames["table1_per_stage"], frames["table1"], frames["network_costs"]
+    stage, J = int(rows.stage.iloc[0]), int(rows.J.iloc[0])
+    print(f"\nTable 1 — {arch}, J = {J}; per-stage columns at stage j = {stage + 1} (1-based, "
+          f"{df.kind[df.stage == stage].iloc[0]}); measured in {seconds:.0f} s")
     wide = rows.pivot(index="method", columns="quantity", values=["paper", "measured"]).reindex(rows.method.unique())
-    cols = []
-    for q in ("activations", "params", "comm", "flops", "time"):
-        cols += [("paper", q), ("measured", q)]
+    cols = [(src, q) for q in ("activations", "params", "comm", "flops", "time") for src in ("paper", "measured")]
     wide = wide[cols]
     wide.columns = [f"{q} {'paper' if src == 'paper' else 'meas.'}" for src, q in cols]
     wide["flops paper"] /= J
@@ -80,34 +73,18 @@ def show_table1(arch: str, cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     print("  forwards: sequential = sum over stages, pipelined = the slowest stage's forward + rebuild + backward.")
     notes = rows[rows.note != ""][["method", "quantity", "note"]]
     print(notes.to_string(index=False))
-    net = network_costs(df)
     print(net[["method", "flops", "time_serial_s", "time_parallel_s", "time_serial_units", "time_parallel_units",
                "time_balanced_units"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     pet = df[(df.method == "petra") & (df.kind != "H")][["stage", "kind", "fwd_sent_vs_resnet", "bwd_sent_vs_resnet",
                                                          "bwd_received_vs_resnet", "bwd_received_vs_backprop"]]
     print("  PETRA communication per stage (× the ResNet's backprop message of that stage; last column × this RevNet's):")
     print(pet.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    return df, rows
 
 
-def show_fidelity(quick: bool) -> pd.DataFrame:
-    n, every = (40, 12) if quick else (120, 40)
-    g = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(8, 3, 16, 16, generator=g), torch.randint(0, 10, (8,), generator=g)) for _ in range(n)]
-    frames = []
-    for method in ("delayed", "dsp", "petra"):
-        torch.manual_seed(0)
-        model = build_model("revnet18", num_classes=10, width=8)
-        sim = Simulator(model, method, num_batches=n, get_batch=batches.__getitem__, batch_size=8, k=2,
-                        recipe=Recipe(base_lr=0.005, scale_lr=False, weight_decay=5e-4))
-        tracker = track_fidelity(sim, every=every)
-        sim.run()
-        frames.append(tracker.frame())
-    df = pd.concat(frames)
+def show_fidelity(df: pd.DataFrame, every: int) -> None:
     print(f"\nGradient fidelity — RevNet18 width 8, 16², batch 8, k = 2, lr 0.005, every {every} steps: cosine to "
           f"backprop at the current weights (stage rows, step columns)")
     print(df.pivot_table(index=["method", "stage"], columns="step", values="cosine").round(4).to_string())
-    return df
 
 
 def main() -> None:
@@ -126,10 +103,19 @@ def main() -> None:
                num_batches=args.num_batches)
     if args.quick:
         cfg = dict(stem="cifar", image_size=8, batch=2, width=4, num_classes=10, num_batches=3)
-    tables = {"table3": show_table3(), "memory_check": show_memory_check(args.quick)}
-    for arch in args.archs:
-        tables[f"per_stage_{arch}"], tables[f"table1_{arch}"] = show_table1(arch, cfg)
-    tables["fidelity"] = show_fidelity(args.quick)
+    n, every = (40, 12) if args.quick else (120, 40)
+    tables = {"memory_check": show_memory_check(args.quick)}
+    for i, arch in enumerate(args.archs):  # the same measurement as `petra costs` (accounting.costs.measure)
+        start = time.perf_counter()
+        measured = costs.measure({"threads": args.threads, "table1": {"arch": arch, **cfg},
+                                  "fidelity": {"num_batches": n, "every": every}})
+        frames = measured["frames"]
+        if i == 0:
+            tables["table3"] = show_table3(frames["table3"])
+            show_fidelity(frames["fidelity"], every)
+            tables["fidelity"] = frames["fidelity"]
+        show_table1(arch, frames, time.perf_counter() - start)
+        tables[f"per_stage_{arch}"], tables[f"table1_{arch}"] = frames["table1_per_stage"], frames["table1"]
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         for name, df in tables.items():

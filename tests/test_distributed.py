@@ -1,4 +1,4 @@
-"""The distributed runtime (engine/distributed/, engine/placement.py).
+"""The distributed runtime (engine/distributed/, petra_core/placement.py, petra_core/launch.py).
 
 * placement: pure functions (even split, exact balanced split checked against brute force, specs);
 * wire format: header round trip for every slot layout;

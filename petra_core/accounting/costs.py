@@ -5,7 +5,7 @@ These numbers do not depend on a training profile: Table 1 runs every method for
 minibatches on one model at given shapes (:func:`~petra_core.accounting.per_stage`), Table 3 is
 shape accounting of RevNet50 at the paper's setting, and the fidelity sample tracks delayed
 gradients against true ones on a small RevNet for the figure when no run logged
-``fidelity.csv``. ``petra costs`` (and ``benchmarks/bench_accounting.py``) call :func:`measure`;
+``fidelity.csv``. ``petra costs`` and ``benchmarks/bench_accounting.py`` call :func:`measure`;
 the pipeline runs it once (a few seconds to a minute) and the CSVs are committed.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Table 1 measured: storage, communication, FLOPs and time per stage for the five methods.
 
 Each method runs in the real engine (the simulator) under a :class:`Recorder`; the paper's
-analytic entries (``paper_table1.yaml``) are evaluated beside the measured ones, normalised as
+analytic entries (section ``table1`` of ``petra_core/paper_reference.yaml``) are evaluated beside the measured ones, normalised as
 the paper does:
 
 * activations: bytes a stage keeps between forward and backward at steady state, in stage inputs
