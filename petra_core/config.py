@@ -16,6 +16,7 @@ import yaml
 
 from .data.sources import DATASETS
 from .methods import METHODS
+from .models.aux import AUX_HEADS
 from .models.specs import ARCHS
 
 
@@ -37,6 +38,8 @@ class RunConfig:
     arch: str = _key("revnet18", "model", tuple(ARCHS))
     width: int = _key(64, "base channel width (64 = the paper's models)")
     method: str = _key("petra", "training method", tuple(METHODS))
+    aux_head: str | None = _key(None, "auxiliary head on every stage but the head, for local learning (local, "
+                                      "fg-local-w, fg-local-a): cnn or linear", (None, *AUX_HEADS))
     k: int = _key(1, "gradient accumulation: minibatches per optimizer step")
     seed: int = _key(0, "seed of weight initialisation, data order and augmentation")
     # data
@@ -149,6 +152,13 @@ class RunConfig:
             raise ConfigError(f"fidelity_every={self.fidelity_every!r} needs runtime=simulator (the true gradient "
                               f"needs the whole model in one process); use fidelity_every=0")
         method = METHODS[self.method]
+        if method.needs_aux and self.aux_head is None:
+            raise ConfigError(f"method={self.method!r} trains stages from auxiliary heads; set aux_head (allowed: "
+                              f"{', '.join(AUX_HEADS)})")
+        if self.aux_head is not None and not method.needs_aux:
+            raise ConfigError(f"aux_head={self.aux_head!r} is only used by local learning; method={self.method!r} "
+                              f"would leave the heads untrained (use aux_head=null, or method local, fg-local-w, "
+                              f"fg-local-a)")
         if method.needs_reversible and not ARCHS[self.arch].reversible:
             raise ConfigError(f"method={self.method!r} needs a reversible model, arch={self.arch!r} has none; "
                               f"use a revnet, or method dsp")
@@ -167,7 +177,7 @@ class RunConfig:
         for f in dataclasses.fields(cls):
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             choices = f.metadata.get("choices")
-            extra = f" (one of: {', '.join(choices)})" if choices else ""
+            extra = f" (one of: {', '.join(map(str, choices))})" if choices else ""
             lines.append(f"{f.name:<18} {_type_name(hints[f.name]):<12} {default!r:<18} {f.metadata['help']}{extra}")
         return "\n".join(lines)
 

@@ -42,7 +42,8 @@ def demo_setup(args: argparse.Namespace) -> tuple[StagedModel, GetBatch, Recipe]
     from .models import build_model
 
     torch.manual_seed(args.seed)
-    model = build_model(args.arch, num_classes=args.num_classes, width=args.width, stem=args.stem)
+    model = build_model(args.arch, num_classes=args.num_classes, width=args.width, stem=args.stem,
+                        aux_head=args.aux_head)
 
     def get_batch(mb: int):
         return synthetic_batch(args.seed, mb, args.batch, args.image_size, args.num_classes)
@@ -62,6 +63,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--num-classes", type=int, default=10)
     p.add_argument("--method", default="petra", help="method, or several separated by commas (run in turn)")
+    p.add_argument("--aux-head", default=None, choices=["cnn", "linear"],
+                   help="auxiliary heads on the stages (needed by local, fg-local-w, fg-local-a)")
     p.add_argument("--k", type=int, default=1, help="gradient accumulation")
     p.add_argument("--steps", type=int, default=20, help="minibatches to train on (optimizer steps when k = 1)")
     p.add_argument("--batch", type=int, default=32)

@@ -45,7 +45,7 @@ def load_data(cfg: RunConfig):
 def make_model(cfg: RunConfig, num_classes: int, stem: str):
     """The run's model, initialised from its seed (every rank of a distributed run builds the same)."""
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.arch, num_classes=num_classes, stem=stem, width=cfg.width)
+    model = build_model(cfg.arch, num_classes=num_classes, stem=stem, width=cfg.width, aux_head=cfg.aux_head)
     if cfg.channels_last:
         model.to(memory_format=torch.channels_last)
     return model

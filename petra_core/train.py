@@ -195,7 +195,7 @@ def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
 
     def finish():
         metrics = final_metrics(history, steps, [p for part in peaks for p in part])
-        metrics.update(params=sum(p.numel() for p in rt.model.parameters()), stages=len(rt.model),
+        metrics.update(params=rt.model.num_params(), aux_params=rt.model.num_params(aux=True), stages=len(rt.model),
                        stage_kinds=rt.model.kinds)
         if model is not None:
             start = time.perf_counter()

@@ -168,6 +168,16 @@ def test_three_ranks_balanced_placement_with_accumulation_match_the_simulator(tm
         assert_bit_for_bit(torch.load(tmp_path / f"{method}.pt"), simulator_state(argv, method), method)
 
 
+def test_local_learning_on_two_ranks_matches_the_simulator(tmp_path):
+    """local sends no backward message at all; the forward-gradient methods send true gradients."""
+    argv = [*COMMON, "--width", "2", "--image-size", "8", "--aux-head", "cnn", "--method", "local,fg-local-w,fg-local-a",
+            "--placement", "0-3,4-9", "--save", str(tmp_path / "{method}.pt")]
+    procs = launch_local(argv, 2, timeout=110, capture=True)
+    check_outcome(procs)
+    for method in ("local", "fg-local-w", "fg-local-a"):
+        assert_bit_for_bit(torch.load(tmp_path / f"{method}.pt"), simulator_state(argv, method), method)
+
+
 # ---- failures ------------------------------------------------------------------------------------------
 
 FAIL = ["--arch", "revnet18", "--num-classes", "5", "--width", "2", "--image-size", "8", "--batch", "4",

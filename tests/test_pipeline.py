@@ -1,7 +1,9 @@
 """The reproducible pipeline, end to end, on fresh clones of the committed repository.
 
 (a) a clone renders every table and figure of the default profile from the committed runs, and
-    Snakemake plans no training (restored run records must not look stale);
+    Snakemake plans no training (restored run records must not look stale); DVC finds it up to
+    date (`dvc status`, `dvc repro --dry`), and `dvc repro` trains nothing, also after the
+    dataset has been prepared (where the raw data is at hand);
 (b) the `smoke` profile runs end to end with Snakemake, and Table 2 holds its runs' metrics;
 (c) `dvc repro` reproduces the same outputs, and a second `dvc repro` does nothing.
 
@@ -81,10 +83,16 @@ def test_fresh_clone_renders_tables_and_figures_from_cached_runs(tmp_path):
     repo = clone(tmp_path)
     profile = yaml.safe_load((repo / "workflow/config/config.yaml").read_text())["profile"]
     spec = grid.load_profile(repo / f"workflow/config/profiles/{profile}.yaml")
-    dirs = [repo / d for d in grid.run_dirs(spec)]
+    runs = grid.runs(spec)
+    dirs = [repo / r.directory for r in runs]
     if not all((d / "metrics.json").exists() for d in dirs):
         pytest.skip(f"the runs of profile {profile!r} are not all committed")
-    assert not (repo / "data/prepared").exists() and not any(repo.glob("runs/**/checkpoint.pt"))
+    assert not (repo / "data/prepared").exists() and not (repo / "checkpoints").exists()
+
+    # DVC: a fresh clone is up to date, and `dvc repro` has nothing to run
+    assert sh([BIN / "dvc", "status", "--quiet"], cwd=repo, check=False) == "", sh([BIN / "dvc", "status"], cwd=repo)
+    dry = sh([BIN / "dvc", "repro", "--dry"], cwd=repo)
+    assert "Running stage" not in dry, dry[-2000:]
 
     dry = sh([BIN / "snakemake", "-n", "--cores", "2", "figures/", "paper_tables/"], cwd=repo)
     jobs = planned_jobs(dry)
@@ -95,10 +103,19 @@ def test_fresh_clone_renders_tables_and_figures_from_cached_runs(tmp_path):
         assert (repo / "figures" / f"{name}.png").stat().st_size > 0 and (repo / "figures" / f"{name}.pdf").exists()
     table2 = (repo / "paper_tables/table2_accuracy.md").read_text()
     assert f"profile `{profile}`" in table2
-    bp = [json.loads((d / "metrics.json").read_text())["top1"] for d in dirs
-          if d.parent.name.startswith("revnet18") and d.name.startswith("backprop-k1-")]
+    longest = max(r.config.epochs for r in runs)
+    bp = [json.loads((repo / r.directory / "metrics.json").read_text())["top1"] for r in runs
+          if r.config.arch == "revnet18" and r.config.method == "backprop" and r.config.epochs == longest]
     assert f"{sum(bp) / len(bp):.2f}" in row(table2, "Backprop", "RevNet18")
     assert not (repo / "logs" / profile / "train").exists(), "nothing was trained"
+
+    # the prepared dataset does not make a finished run look stale, to Snakemake or to DVC
+    source = repo / spec["train"].get("data_source", "")
+    if spec["train"].get("dataset", "synthetic") != "synthetic" and source.is_file():
+        sh([BIN / "petra", "prepare", spec["train"]["dataset"], "--source", str(source)], cwd=repo)
+        assert "train" not in planned_jobs(sh([BIN / "snakemake", "-n", "--cores", "2"], cwd=repo))
+        assert "Running stage" not in sh([BIN / "dvc", "repro"], cwd=repo)
+        assert not (repo / "logs" / profile / "train").exists(), "nothing was trained"
 
 
 def test_smoke_profile_end_to_end_then_dvc_reproduces_it(tmp_path):
@@ -106,8 +123,8 @@ def test_smoke_profile_end_to_end_then_dvc_reproduces_it(tmp_path):
     # (b) Snakemake, the whole smoke grid
     sh([BIN / "snakemake", "--cores", "2", "--config", "profile=smoke"], cwd=repo)
     spec = grid.load_profile(repo / "workflow/config/profiles/smoke.yaml")
-    runs = {d: json.loads((repo / d / "metrics.json").read_text()) for d in grid.run_dirs(spec)}
-    assert len(runs) == 7 and all((repo / d / "checkpoint.pt").exists() for d in runs)
+    runs = {r.directory: json.loads((repo / r.directory / "metrics.json").read_text()) for r in grid.runs(spec)}
+    assert len(runs) == 7 and all((repo / r.checkpoint_dir / "checkpoint.pt").exists() for r in grid.runs(spec))
     table2 = (repo / "paper_tables/table2_accuracy.md").read_text()
     assert "profile `smoke`" in table2
 
@@ -131,7 +148,7 @@ def test_smoke_profile_end_to_end_then_dvc_reproduces_it(tmp_path):
     # (c) DVC: the same pipeline through `dvc repro` (every stage calls Snakemake) reproduces it
     sh([sys.executable, "workflow/scripts/dvc_params.py", "--profile", "smoke"], cwd=repo)
     first = sh([BIN / "dvc", "repro"], cwd=repo)
-    assert "train@smoke-synthetic-revnet18-w8-petra-k2-seed0" in first
+    assert "Running stage 'results'" in first and "Running stage 'render'" in first, first[-2000:]
     changed = [path for path, content in snapshot(repo).items() if rendered.get(path) != content]
     assert not changed and snapshot(repo).keys() == rendered.keys(), f"differ after dvc repro: {changed}"
     second = sh([BIN / "dvc", "repro"], cwd=repo)

@@ -37,7 +37,8 @@ def run_method(arch: str, method: str, *, stem: str = "imagenet", image_size: in
                flops_minibatches=(0,), walk_held: bool = True) -> Recorder:
     """Run ``method`` on ``arch`` for ``num_batches`` random minibatches and return its recorder."""
     torch.manual_seed(seed)
-    model = build_model(arch, num_classes=num_classes, stem=stem, width=width)
+    aux = "cnn" if get_method(method).needs_aux else None  # local learning trains from auxiliary heads
+    model = build_model(arch, num_classes=num_classes, stem=stem, width=width, aux_head=aux)
     gen = torch.Generator().manual_seed(seed)
     batches = [(torch.randn(batch, 3, image_size, image_size, generator=gen),
                 torch.randint(0, num_classes, (batch,), generator=gen)) for _ in range(num_batches)]
@@ -160,7 +161,7 @@ def table1(df: pd.DataFrame, stage: int | None = None) -> list[dict]:
     FG = float(at.loc["backprop", "activations_units"]) if "backprop" in at.index else float("nan")
     rows = []
     for method, r in at.iterrows():
-        paper = ref["methods"][method]
+        paper = ref["methods"].get(method)  # None: a method the paper does not have (local learning)
         names = dict(J=J, j=j, k=k, FG=FG)
         measured = dict(
             activations=r.activations_units, params=r.params_units,
@@ -175,7 +176,8 @@ def table1(df: pd.DataFrame, stage: int | None = None) -> list[dict]:
                             f"balanced fwd∥bwd {net.at[method, 'time_balanced_units']:.2f}",
         )
         for q in ("activations", "params", "comm", "flops", "time"):
-            rows.append(dict(arch=r.arch, method=method, label=paper["label"], stage=stage, J=J, j=j, quantity=q,
-                             paper_expr=str(paper[q]), paper=evaluate(paper[q], **names), measured=float(measured[q]),
-                             note=extra[q]))
+            rows.append(dict(arch=r.arch, method=method, label=paper["label"] if paper else method, stage=stage, J=J,
+                             j=j, quantity=q, paper_expr=str(paper[q]) if paper else "",
+                             paper=evaluate(paper[q], **names) if paper else float("nan"),
+                             measured=float(measured[q]), note=extra[q]))
     return rows

@@ -73,7 +73,7 @@ def run_stage_tick(worker: StageWorker, action: Action, world, get_batch: GetBat
         if out is not None:
             world.send_forward(j, out)
     if action.backward is not None:
-        msg = None if worker.is_last else world.recv_backward(j)
+        msg = world.recv_backward(j) if worker.gradient_in else None
         out = worker.backward(action.backward, msg)
         if out is not None:
             world.send_backward(j, out)
@@ -123,7 +123,7 @@ def assemble(model: StagedModel, method: str | Method, world, *, num_batches: in
     if isinstance(decision, str):
         raise ValueError(decision)
     ranges, world.stage_costs = decision
-    world.connect(ranges, schedule)
+    world.connect(ranges, schedule, backward=method.gradients_cross)
     for j in world.stages:
         if world.device_for(j) is not None:
             model[j].to(world.device_for(j))

@@ -76,6 +76,8 @@ class StageWorker:
         self.storage = storage
         self.optimizer, self.scheduler, self.k = optimizer, scheduler, k
         self.send_input_back = send_input_back  # does stage index-1 rebuild its input from its output?
+        self.input_grad = not self.is_first and storage.gradient_out  # is a gradient sent back?
+        self.gradient_in = not self.is_last and storage.gradient_in  # does one come from the next stage?
         self.steps = 0  # optimizer steps taken = version of the weights
         self.pending = 0  # backward passes accumulated since the last step
         self.labels: dict[int, Tensor] = {}  # head only: labels of in-flight minibatches
@@ -93,30 +95,30 @@ class StageWorker:
 
     def forward(self, msg: ForwardMsg) -> ForwardMsg | None:
         x = self._here(msg.activation)
-        y = self.storage.forward(self.stage, msg.mb, x, input_grad=not self.is_first, version=self.steps)
+        y = self.storage.forward(self.stage, msg.mb, x, input_grad=self.input_grad, version=self.steps)
         self._track_kept()
-        if self.is_last:
+        if self.is_last or self.storage.needs_labels:
             self.labels[msg.mb] = self._here(msg.labels)
-            return None
-        return ForwardMsg(msg.mb, y.detach(), msg.labels)
+        return None if self.is_last else ForwardMsg(msg.mb, y.detach(), msg.labels)
 
     def backward(self, mb: int, msg: BackwardMsg | None) -> BackwardMsg | None:
         received = self._here(msg.activation) if msg is not None and msg.activation is not None else None
-        graph = self.storage.local_graph(self.stage, mb, received, input_grad=not self.is_first)
+        graph = self.storage.local_graph(self.stage, mb, received, input_grad=self.input_grad)
+        labels = self.labels.pop(mb, None)
         if self.is_last:
-            labels = self.labels.pop(mb)
             logits = graph.output
             loss = F.cross_entropy(logits, labels)
             (loss / self.k).backward()
             self.head_log.add(mb, loss.detach(), (logits.detach().argmax(1) == labels).sum(), len(labels))
         else:
-            if msg is None or msg.mb != mb:
+            if self.gradient_in and (msg is None or msg.mb != mb):
                 raise RuntimeError(f"stage {self.index}: expected the gradient of minibatch {mb}, got "
                                    f"{None if msg is None else msg.mb}")
-            graph.backward(self._here(msg.grad))
+            grad = self._here(msg.grad) if self.gradient_in else None
+            self.storage.backward(self.stage, graph, grad, labels, self.k)
         self.storage.hand_gradients(graph, self.params)
         out = None
-        if not self.is_first:
+        if self.input_grad:
             out = BackwardMsg(mb, graph.input_grad(), graph.input_value() if self.send_input_back else None)
         self.pending += 1
         if self.pending == self.k:
@@ -143,10 +145,6 @@ class StageWorker:
     def _track_kept(self) -> None:
         for kind, n in self.storage.kept_bytes().items():
             self.peak_kept[kind] = max(self.peak_kept.get(kind, 0), n)
-
-    def kept_bytes(self) -> dict[str, int]:
-        """Bytes this stage keeps right now between forward and backward, by kind."""
-        return self.storage.kept_bytes()
 
     # ---- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict:

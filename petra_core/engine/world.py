@@ -31,7 +31,7 @@ class LocalWorld:
         self.clock = lambda: 0  # the pipeline's tick (its runner sets this)
         self.queues: dict[tuple[str, int], deque] = defaultdict(deque)
 
-    def connect(self, placement: Sequence[range], schedule=None) -> None:
+    def connect(self, placement: Sequence[range], schedule=None, backward: bool = True) -> None:
         self.placement = list(placement)
 
     @property

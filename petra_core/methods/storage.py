@@ -42,12 +42,19 @@ class StoragePolicy:
     keeps: tuple[str, ...] = ()  # what is held between forward and backward (the keys of kept_bytes())
     needs_output_back = False  # does the backward message have to carry this stage's output?
     recomputes = False  # does the backward evaluate F again (reconstruction or recomputation)?
+    gradient_in = True  # does the backward need the gradient of the output, from the next stage?
+    gradient_out = True  # does the backward send the input's gradient to the previous stage?
+    needs_labels = False  # does the backward need the minibatch's labels (a local loss)?
 
     def forward(self, stage: Stage, mb: int, x: Tensor, *, input_grad: bool, version: int) -> Tensor:
         raise NotImplementedError
 
     def local_graph(self, stage: Stage, mb: int, output: Tensor | None, *, input_grad: bool) -> LocalGraph:
         raise NotImplementedError
+
+    def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor | None, labels: Tensor | None, k: int) -> None:
+        """Backpropagate into the stage's parameters (and its input leaves, if they need a gradient)."""
+        graph.backward(grad)
 
     def hand_gradients(self, graph: LocalGraph, params: list[Tensor]) -> None:
         """After ``graph`` was backpropagated: make sure its weight gradients are in ``params``'

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from .aux import AuxHead
 from .blocks import DownsamplingBlock, Head, ResidualStage, ReversibleBlock, Stem
 from .spec_check import check_build_args
 from .specs import ARCHS, ArchSpec
@@ -30,10 +31,21 @@ class StagedModel(nn.Sequential):
     def reversible_stages(self) -> list[int]:
         return [j for j, stage in enumerate(self) if stage.reversible]
 
+    @property
+    def has_aux_heads(self) -> bool:
+        return all(getattr(stage, "aux", None) is not None for stage in list(self)[:-1])
 
-def _blocks(spec: ArchSpec, width: int) -> list[Stage]:
-    """One stage per residual block. RevNet widths are per stream (two streams per activation)."""
-    stages: list[Stage] = []
+    def num_params(self, aux: bool = False) -> int:
+        """Parameters of the network (with ``aux``: of its auxiliary heads only)."""
+        heads = {id(p) for stage in self if getattr(stage, "aux", None) is not None for p in stage.aux.parameters()}
+        return sum(p.numel() for p in self.parameters() if (id(p) in heads) == aux)
+
+
+def _blocks(spec: ArchSpec, width: int) -> list[tuple[Stage, int]]:
+    """One stage per residual block, with its output channels. RevNet widths are per stream (two
+    streams per activation)."""
+    stages: list[tuple[Stage, int]] = []
+    streams = 2 if spec.reversible else 1
     c_in = width
     for group, depth in enumerate(spec.layers):
         base = width * 2**group
@@ -41,26 +53,33 @@ def _blocks(spec: ArchSpec, width: int) -> list[Stage]:
         for i in range(depth):
             stride = 2 if (group > 0 and i == 0) else 1
             if not spec.reversible:
-                stages.append(ResidualStage(spec.block, c_in, base, stride))
+                stage = ResidualStage(spec.block, c_in, base, stride)
             elif stride == 1 and c_in == c_out:
-                stages.append(ReversibleBlock(spec.block, c_out, base))
+                stage = ReversibleBlock(spec.block, c_out, base)
             else:
-                stages.append(DownsamplingBlock(spec.block, c_in, base, c_out, stride))
+                stage = DownsamplingBlock(spec.block, c_in, base, c_out, stride)
+            stages.append((stage, streams * c_out))
             c_in = c_out
     return stages
 
 
-def build_model(arch: str, *, num_classes: int, stem: str = "cifar", width: int = 64) -> StagedModel:
+def build_model(arch: str, *, num_classes: int, stem: str = "cifar", width: int = 64,
+                aux_head: str | None = None) -> StagedModel:
     """Build ``arch`` as a staged model.
 
     ``width`` is the base channel count (64 = the paper's models); RevNets double every channel
     count because each activation carries two streams of that width. ``stem`` is ``"cifar"``
     (3x3 conv, no pooling: CIFAR-10, ImageNet32) or ``"imagenet"`` (7x7/2 conv + max-pool).
+    ``aux_head`` (``"cnn"`` or ``"linear"``): an auxiliary classifier on every stage but the head,
+    for local learning (``aux.py``; ``width // 2`` hidden channels).
     """
     check_build_args(arch, num_classes=num_classes, stem=stem, width=width)
     spec = ARCHS[arch]
     streams = 2 if spec.reversible else 1
     blocks = _blocks(spec, width)
     c_last = width * 8 * spec.expansion
-    stages: list[Stage] = [Stem(streams * width, stem), *blocks, Head(streams * c_last, num_classes)]
-    return StagedModel(arch, stages)
+    stages = [(Stem(streams * width, stem), streams * width), *blocks]
+    if aux_head is not None:
+        for stage, channels in stages:
+            stage.aux = AuxHead(aux_head, channels, num_classes, hidden=max(width // 2, 1))
+    return StagedModel(arch, [stage for stage, _ in stages] + [Head(streams * c_last, num_classes)])

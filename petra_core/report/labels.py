@@ -5,8 +5,10 @@ import math
 import re
 
 METHOD_LABELS = {"backprop": "Backprop", "revbackprop": "Rev. backprop", "delayed": "Delayed (weight stash)",
-                 "dsp": "DSP (input buffers)", "petra": "PETRA"}
-METHOD_ORDER = ["backprop", "revbackprop", "delayed", "dsp", "petra"]
+                 "dsp": "DSP (input buffers)", "petra": "PETRA", "local": "Local (aux. heads)",
+                 "fg-local-w": "Forward grad., local guess (W)", "fg-local-a": "Forward grad., local guess (A)"}
+METHOD_ORDER = ["backprop", "revbackprop", "delayed", "dsp", "petra", "local", "fg-local-w", "fg-local-a"]
+LOCAL_LEARNING = ("local", "fg-local-w", "fg-local-a")  # not in the paper: a row block of their own
 DATASET_LABELS = {"cifar10": "CIFAR-10", "imagenet32": "ImageNet32", "imagenet": "ImageNet", "synthetic": "synthetic"}
 
 
@@ -59,7 +61,10 @@ def pretty_expr(expr) -> str:
 
 
 def formula(expr, value, digits: int = 2) -> str:
-    """A paper cell of Table 1: ``2(J−j) = 14.00``, or just the number for a constant entry."""
+    """A paper cell of Table 1: ``2(J−j) = 14.00``, or just the number for a constant entry ('–':
+    a method the paper does not have)."""
+    if missing(value) or str(expr) == "":
+        return "–"
     try:
         float(str(expr))
     except ValueError:

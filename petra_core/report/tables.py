@@ -61,7 +61,8 @@ def describe_runs(results: pd.DataFrame) -> str:
 def _row_order(method: str, arch: str) -> tuple:
     depth = int("".join(c for c in arch if c.isdigit()))
     family = 0 if arch.startswith("resnet") else 1
-    return depth, labels.METHOD_ORDER.index(method) if method in labels.METHOD_ORDER else 99, family
+    order = labels.METHOD_ORDER.index(method) if method in labels.METHOD_ORDER else 99
+    return method in labels.LOCAL_LEARNING, depth, family if method in labels.LOCAL_LEARNING else order, order, family
 
 
 def pick_k(group: pd.DataFrame, runs: pd.DataFrame) -> pd.Series:
@@ -101,6 +102,7 @@ def table2_context(frames: dict, profile: str, reference: dict | None = None) ->
         k_best = sorted({k for k, _ in ks.values()})
         k_tried = sorted({k for _, tried in ks.values() for k in tried})
         rows.append({"method": method, "arch": arch, "method_label": labels.METHOD_LABELS.get(method, method),
+                     "local": method in labels.LOCAL_LEARNING,
                      "model": labels.model_label(arch), "params_paper": paper.get("params_m"),
                      "params_ours": int(g.params.iloc[0]), "k": "/".join(map(str, k_best)),
                      "k_tried": ", ".join(map(str, k_tried)), "cells": cells})
@@ -120,15 +122,17 @@ def table1_context(costs: dict, reference: dict | None = None) -> dict:
     stages = costs["table1_per_stage"]
     kind = stages[stages.stage == int(first.stage)].kind.iloc[0]
     rows, notes = [], []
-    for method in [m for m in ref["methods"] if m in set(t1.method)]:
+    extra = [m for m in labels.METHOD_ORDER if m in set(t1.method) and m not in ref["methods"]]
+    for method in [m for m in ref["methods"] if m in set(t1.method)] + extra:  # the paper's, then local learning
         g = t1[t1.method == method].set_index("quantity")
-        cells = {q: {"expr": g.at[q, "paper_expr"], "paper": float(g.at[q, "paper"]), "ours": float(g.at[q, "measured"])}
-                 for q in QUANTITIES}
-        rows.append({"method": method, "label": ref["methods"][method]["label"], "cells": cells})
+        label = ref["methods"][method]["label"] if method in ref["methods"] else labels.METHOD_LABELS[method]
+        cells = {q: {"expr": "" if pd.isna(g.at[q, "paper_expr"]) else g.at[q, "paper_expr"],
+                     "paper": float(g.at[q, "paper"]), "ours": float(g.at[q, "measured"])} for q in QUANTITIES}
+        rows.append({"method": method, "label": label, "cells": cells, "paper": method in ref["methods"]})
         for q in QUANTITIES:
             note = g.at[q, "note"]
             if isinstance(note, str) and note.strip():
-                notes.append({"label": ref["methods"][method]["label"], "quantity": q, "text": note.strip()})
+                notes.append({"label": label, "quantity": q, "text": note.strip()})
     return {"rows": rows, "notes": notes, "columns": ref["columns"], "paper_source": ref["source"],
             "arch": labels.model_label(s["arch"]), "stem": s["stem"], "image_size": s["image_size"], "width": s["width"],
             "batch": s["batch"], "k": s["k"], "J": int(first.J), "j": int(first.j), "kind": kind,

@@ -94,7 +94,7 @@ class DistributedTransport:
     :meth:`begin_tick` posts a tick's receives and retires old sends; :meth:`finish` ends the run."""
 
     def __init__(self, placement: Sequence[range], schedule, *, rank: int, device: torch.device,
-                 timeout: float = DEFAULT_TIMEOUT, groups: dict | None = None, on_failure=None):
+                 timeout: float = DEFAULT_TIMEOUT, groups: dict | None = None, on_failure=None, backward: bool = True):
         self.placement, self.schedule, self.rank = list(placement), schedule, rank
         self.device, self.timeout = torch.device(device), timeout
         self.on_failure = on_failure or (lambda message: message)
@@ -110,6 +110,7 @@ class DistributedTransport:
         self.receivers: dict[int, _Receiver] = {}  # by direction
         if hi + 1 < J:
             self.out[FORWARD] = _Edge(FORWARD, hi, hi + 1, rank + 1, groups[FORWARD, rank])
+        if hi + 1 < J and backward:
             self.receivers[BACKWARD] = _Receiver(
                 _Edge(BACKWARD, hi + 1, hi, rank + 1, groups[BACKWARD, rank + 1]), self.device, self.stats)
         if lo > 0:

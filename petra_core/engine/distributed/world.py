@@ -70,12 +70,12 @@ class DistributedWorld(LocalWorld):
     def name_rank(self, rank: int) -> str:
         return f"rank {rank}" + (f" ({format_stages(self.placement[rank])})" if self.placement else "")
 
-    def connect(self, placement: Sequence[range], schedule) -> None:
-        """Open this rank's edges to its neighbours."""
+    def connect(self, placement: Sequence[range], schedule, backward: bool = True) -> None:
+        """Open this rank's edges to its neighbours (``backward``: gradients flow back too)."""
         self.placement = list(placement)
         self.transport = self._collective("opening the pipeline's connections", lambda: DistributedTransport(
             self.placement, schedule, rank=self.rank, device=self.device, timeout=self.timeout,
-            on_failure=self.report))
+            on_failure=self.report, backward=backward))
         self._collective("opening the pipeline's connections", lambda: dist.barrier(group=self.control))
 
     # ---- transport: local FIFOs within this rank, point to point across ranks -----------------

@@ -1,0 +1,114 @@
+"""Local learning on the same stage split: policies that train a stage from its auxiliary head.
+
+Both keep the stage's forward graph (like backprop) and evaluate the stage's auxiliary head
+(``stage.aux``, see ``models/aux.py``) on its output at backward time, so its activations are
+not held between forward and backward.
+
+* :class:`LocalLoss` (method ``local``) — the stage learns from the loss of its own head only;
+  no gradient crosses stages (the network's head learns from the real loss).
+* :class:`ForwardGradient` (methods ``fg-local-w``, ``fg-local-a``) — Fournier et al., "Can
+  Forward Gradient Match Backpropagation?" (ICML 2023): the update of stage j is the true
+  (end-to-end) gradient projected on a *guess*, the gradient of the stage's local loss.
+  Weight space (``-w``): per parameter tensor, g_hat = <g, u> / <u, u> * u with g the true and u
+  the local-loss gradient of that tensor. Activity space (``-a``): per sample, the true gradient
+  of the stage's output is projected on the local-loss gradient of the output, and that estimate
+  is backpropagated through the stage. The true gradient comes from the next stage, as in
+  backprop: this simulates the directional derivative <g, u> exactly, as the authors' code does.
+  A real system would measure it with forward-mode differentiation (``torch.func.jvp`` of the
+  network's loss along u), without a backward pass (:func:`directional_derivative`). The auxiliary
+  heads learn from their own losses. Where the authors project per sample and per module in
+  weight space, this projects per parameter tensor over the minibatch (per-sample weight
+  gradients of batch-normalised convolutions are neither cheap nor well defined).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..models.stage import LocalGraph, Stage
+from .storage import KeepGraph
+
+EPS = 1e-16
+
+
+def project(target: Tensor, guess: Tensor) -> Tensor:
+    """``target`` projected on ``guess``: <target, guess> / <guess, guess> * guess."""
+    return (target * guess).sum() / ((guess * guess).sum() + EPS) * guess
+
+
+def project_per_sample(target: Tensor, guess: Tensor) -> Tensor:
+    """The projection of each sample's ``target`` (first dimension) on its ``guess``."""
+    dims = tuple(range(1, target.dim()))
+    scale = (target * guess).sum(dims, keepdim=True) / ((guess * guess).sum(dims, keepdim=True) + EPS)
+    return scale * guess
+
+
+def directional_derivative(loss_of_params, params: list[Tensor], direction: list[Tensor]) -> Tensor:
+    """<grad loss(params), direction> by forward-mode differentiation (one forward, no backward):
+    what a forward-gradient system measures instead of the simulator's exact inner product."""
+    _, value = torch.func.jvp(loss_of_params, (tuple(params),), (tuple(direction),))
+    return value
+
+
+class LocalHead(KeepGraph):
+    """The network's head under local learning: the real loss, but no gradient sent back."""
+
+    gradient_out = False
+
+
+class LocalLoss(KeepGraph):
+    """Keep the forward graph; at backward, learn from the stage's own auxiliary loss only."""
+
+    name = "graph+local"
+    needs_labels = True
+    gradient_in = False  # no gradient comes from the next stage ...
+    gradient_out = False  # ... and none goes to the previous one
+
+    def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor | None, labels: Tensor, k: int) -> None:
+        (F.cross_entropy(stage.aux(graph.output), labels) / k).backward()
+
+
+class ForwardGradient(KeepGraph):
+    """Keep the forward graph; update with the true gradient projected on the local-loss gradient."""
+
+    needs_labels = True
+    space = "weight"
+
+    def guess(self, stage: Stage, graph: LocalGraph, labels: Tensor, k: int, wrt: list[Tensor],
+              target: list[Tensor]) -> list[Tensor]:
+        """The guessed directions for ``wrt``: the gradients of the stage's local loss (``target``,
+        the true gradients, is not looked at: a test may guess it exactly). The auxiliary head's
+        own parameters get their gradients (the head learns from its loss)."""
+        head = list(stage.aux.parameters())
+        grads = torch.autograd.grad(F.cross_entropy(stage.aux(graph.output), labels) / k, [*wrt, *head],
+                                    retain_graph=True, allow_unused=True)
+        for p, g in zip(head, grads[len(wrt):]):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad + g
+        return [torch.zeros_like(w) if g is None else g for w, g in zip(wrt, grads[:len(wrt)])]
+
+    def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor, labels: Tensor, k: int) -> None:
+        params = [p for p in stage.parameters() if not any(p is q for q in stage.aux.parameters())]
+        y = graph.output
+        if self.space == "activity":
+            estimate = project_per_sample(grad, self.guess(stage, graph, labels, k, [y], [grad])[0])
+            torch.autograd.backward(y, estimate, retain_graph=True, inputs=params)
+        else:
+            true = torch.autograd.grad(y, params, grad, retain_graph=True, allow_unused=True)
+            true = [torch.zeros_like(p) if g is None else g for p, g in zip(params, true)]
+            for p, g, u in zip(params, true, self.guess(stage, graph, labels, k, params, true)):
+                p.grad = project(g, u) if p.grad is None else p.grad + project(g, u)
+        leaves = [leaf for leaf in graph.leaves if leaf.requires_grad]
+        if leaves:  # the true input gradient goes back: the next target of stage j - 1
+            torch.autograd.backward(y, grad, inputs=leaves)
+
+
+class ForwardGradientWeight(ForwardGradient):
+    name = "graph+fg-weight"
+    space = "weight"
+
+
+class ForwardGradientActivity(ForwardGradient):
+    name = "graph+fg-activity"
+    space = "activity"
