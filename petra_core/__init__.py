@@ -8,7 +8,7 @@ runner, its worlds) -> accounting (observes the engine) -> data, config, grid ->
 The names below are loaded on first use, so ``import petra_core.report`` (or any other floor)
 does not pull in the engine.
 """
-from importlib import import_module
+from .lazy import lazy
 
 __version__ = "0.1.0"
 
@@ -19,15 +19,4 @@ _EXPORTS = {
     "Recipe": "optim", "Schedule": "schedule",
 }
 __all__ = [*sorted(_EXPORTS), "__version__"]
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__ = lazy(__name__, _EXPORTS)

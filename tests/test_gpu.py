@@ -210,3 +210,41 @@ def test_the_gpu_benchmark_runs(tmp_path):
         sys.modules.pop("bench_gpu", None)
     assert [r["method"] for r in out["rows"]] == ["backprop", "petra"] and "petra_over_backprop_step" in out["ratios"][0]
     assert list(tmp_path.glob("*.json"))
+
+
+# ---- machines with several GPUs: local slots, SLURM ----------------------------------------------
+def test_with_gpus_gives_each_claimant_gpus_of_its_own(tmp_path):
+    from petra_core.gpus import claim
+
+    gpus = ["0", "1", "2"]
+    first, held = claim(2, gpus, tmp_path, wait=0)
+    second, held2 = claim(1, gpus, tmp_path, wait=0)
+    assert first == ["0", "1"] and second == ["2"]
+    with pytest.raises(ValueError, match="no 1 free GPU"):
+        claim(1, gpus, tmp_path, wait=0)
+    import os
+
+    for fd in held:  # the first run ends: its GPUs are free again
+        os.close(fd)
+    assert claim(2, gpus, tmp_path, wait=0)[0] == ["0", "1"]
+    with pytest.raises(ValueError, match="only 3 GPU"):
+        claim(4, gpus, tmp_path, wait=0)
+
+
+def test_with_gpus_runs_the_command_on_its_gpus(tmp_path, monkeypatch):
+    import subprocess
+
+    env = {**__import__("os").environ, "CUDA_VISIBLE_DEVICES": "4,5", "PETRA_GPU_LOCKS": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "petra_core.cli", "with-gpus", "1", "--", sys.executable, "-c",
+                          "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"], env=env, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "4"
+
+
+def test_the_slurm_profile_asks_for_the_cpus_a_run_uses():
+    import yaml
+
+    profile = yaml.safe_load((Path(__file__).resolve().parents[1] / "workflow/profiles/slurm/config.yaml").read_text())
+    train = {**profile["default-resources"], **profile["set-resources"]["train"]}
+    assert train["cpus_per_task"] == profile["set-threads"]["train"]  # not the default's 1
+    assert "cpus_per_gpu" not in train  # SLURM refuses it beside --cpus-per-task

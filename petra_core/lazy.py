@@ -1,0 +1,20 @@
+"""Names a package exports but loads on first use (PEP 562), so importing one floor of the
+package does not import the others: ``__getattr__, __dir__ = lazy(__name__, {"name": "module"})``."""
+from __future__ import annotations
+
+import sys
+from importlib import import_module
+
+
+def lazy(package: str, exports: dict[str, str]):
+    def __getattr__(name: str):
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(import_module(f".{exports[name]}", package), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__():
+        return sorted({*exports, *vars(sys.modules[package])})
+
+    return __getattr__, __dir__
