@@ -103,6 +103,7 @@ def write(measured: dict, out_dir: str | Path) -> list[Path]:
         if name.endswith(".csv"):
             runio.write_text(path, measured["frames"][name.removesuffix(".csv")].to_csv(index=False, float_format="%.6g"))
         else:
-            runio.write_text(path, json.dumps(measured["info"], indent=2, sort_keys=True) + "\n")
+            runio.write_text(path, json.dumps(runio.finite_json(measured["info"]), indent=2, sort_keys=True,
+                                              allow_nan=False) + "\n")
         paths.append(path)
     return paths

@@ -147,10 +147,11 @@ def write(frames: dict[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:
     summary = summarize(frames["results"])
     for name, frame in [*frames.items(), ("summary", summary)]:
         path = out_dir / f"{name}.csv"
-        frame.to_csv(path, index=False, float_format="%.6g")
+        runio.write_text(path, frame.to_csv(index=False, float_format="%.6g"))
         paths.append(path)
     path = out_dir / "summary.json"
-    path.write_text(json.dumps(metrics_json(summary), indent=2, sort_keys=True) + "\n")
+    runio.write_text(path, json.dumps(runio.finite_json(metrics_json(summary)), indent=2, sort_keys=True,
+                                      allow_nan=False) + "\n")
     return [*paths, path]
 
 
