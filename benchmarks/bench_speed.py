@@ -7,7 +7,7 @@
 Prints two ratios (issue 11's goals: ours/plain <= 1.05, PETRA/backprop <= 1.40):
 
 * ``backprop / plain`` — our backprop (sequential schedule through the stage workers) against a
-  plain ``loss.backward(); opt.step()`` loop over a copy of the same model and optimizer recipe;
+  plain ``loss.backward(); opt.step(); sched.step()`` loop over a copy of the same model and recipe;
 * ``petra / backprop`` — PETRA's steady-state time per minibatch against our backprop.
 
 Everything runs in one process and the three loops are timed in alternating blocks, so a change
@@ -31,13 +31,15 @@ from petra_core.optim import make_optimizer
 
 
 def plain_loop(model, x, y, recipe: Recipe):
-    """A plain PyTorch training step over ``model`` (same SGD recipe, one optimizer)."""
-    opt, _ = make_optimizer(model, recipe, batch_size=len(y), k=1, steps_per_epoch=1000)
+    """A plain PyTorch training step over ``model``: the same SGD recipe and learning-rate
+    schedule, one optimizer (the engine has one per stage)."""
+    opt, sched = make_optimizer(model, recipe, batch_size=len(y), k=1, steps_per_epoch=1000)
 
     def step():
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
+        sched.step()
         opt.zero_grad(set_to_none=True)
 
     return step
