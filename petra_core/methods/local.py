@@ -90,18 +90,20 @@ class ForwardGradient(KeepGraph):
 
     def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor, labels: Tensor, k: int) -> None:
         params = [p for p in stage.parameters() if not any(p is q for q in stage.aux.parameters())]
+        leaves = [leaf for leaf in graph.leaves if leaf.requires_grad]  # the true input gradient goes back
         y = graph.output
         if self.space == "activity":
             estimate = project_per_sample(grad, self.guess(stage, graph, labels, k, [y], [grad])[0])
-            torch.autograd.backward(y, estimate, retain_graph=True, inputs=params)
-        else:
-            true = torch.autograd.grad(y, params, grad, retain_graph=True, allow_unused=True)
-            true = [torch.zeros_like(p) if g is None else g for p, g in zip(params, true)]
-            for p, g, u in zip(params, true, self.guess(stage, graph, labels, k, params, true)):
-                p.grad = project(g, u) if p.grad is None else p.grad + project(g, u)
-        leaves = [leaf for leaf in graph.leaves if leaf.requires_grad]
-        if leaves:  # the true input gradient goes back: the next target of stage j - 1
-            torch.autograd.backward(y, grad, inputs=leaves)
+            torch.autograd.backward(y, estimate, retain_graph=bool(leaves), inputs=params)
+            if leaves:
+                torch.autograd.backward(y, grad, inputs=leaves)
+            return
+        true = torch.autograd.grad(y, [*params, *leaves], grad, retain_graph=True, allow_unused=True)
+        for leaf, g in zip(leaves, true[len(params):]):
+            leaf.grad = g
+        true = [torch.zeros_like(p) if g is None else g for p, g in zip(params, true[:len(params)])]
+        for p, g, u in zip(params, true, self.guess(stage, graph, labels, k, params, true)):
+            p.grad = project(g, u) if p.grad is None else p.grad + project(g, u)
 
 
 class ForwardGradientWeight(ForwardGradient):
