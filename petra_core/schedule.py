@@ -9,13 +9,19 @@ does forward, loss and backward of the same minibatch in one tick.
 Sequential (backprop, revbackprop) is the same pipeline with one minibatch in flight: minibatch m
 occupies ticks [m·P, (m+1)·P) with P = 2J − 1, so no stage ever sees a stale weight.
 
-The simulator, the distributed runtime, the tests and the schedule figure all read this table.
+The runner (in one process or many), the memory accounting and the tests all read this module.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 KINDS = ("pipelined", "sequential")
+
+
+def staleness(num_stages: int, stage: int) -> int:
+    """Ticks between a minibatch's forward and backward at 0-based ``stage`` of a pipelined schedule:
+    2(J - 1 - stage), the paper's 2(J - j) for 1-based j."""
+    return 2 * (num_stages - 1 - stage)
 
 
 @dataclass(frozen=True)
@@ -54,11 +60,7 @@ class Schedule:
 
     def staleness(self, stage: int) -> int:
         """Ticks between a minibatch's forward and backward at ``stage``."""
-        return 2 * (self.num_stages - 1 - stage)
-
-    def delay(self, stage: int) -> int:
-        """Optimizer updates a stage makes between a minibatch's forward and its backward (k = 1)."""
-        return 0 if self.kind == "sequential" else self.staleness(stage)
+        return staleness(self.num_stages, stage)
 
     def forward_tick(self, mb: int, stage: int) -> int:
         """The tick at which ``stage`` runs the forward of minibatch ``mb``."""

@@ -29,7 +29,7 @@ from ..models import build_model
 from .recorder import Recorder
 from ..reference import evaluate, load_reference
 from .shapes import FLOAT32, stage_shapes
-from .table3 import staleness
+from ..schedule import staleness
 
 
 def run_method(arch: str, method: str, *, stem: str = "imagenet", image_size: int = 224, batch: int = 2,

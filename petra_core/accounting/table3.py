@@ -16,6 +16,7 @@ import torch
 
 from ..models import build_model
 from ..reference import load_reference
+from ..schedule import staleness
 from .shapes import FLOAT32, stage_shapes
 
 GB = 1e9
@@ -29,11 +30,6 @@ VARIANTS = {
     "real_no_stem": ("input_numel", "params", "never"),  # real shapes, image buffer never counted
     "real_engine": ("input_numel", "params", "always"),  # real shapes, stem buffers images (our engine)
 }
-
-
-def staleness(J: int, stage: int) -> int:
-    """2(J - j) for 1-based j, i.e. 2(J - 1 - stage) for the 0-based ``stage``."""
-    return 2 * (J - 1 - stage)
 
 
 def memory_components(shapes: list[dict], *, input_buffer: bool, param_buffer: bool, k: int = 1,
