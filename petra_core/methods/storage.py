@@ -119,7 +119,9 @@ class KeepGraph(StoragePolicy):
             ptr = t.untyped_storage().data_ptr()
             if ptr not in excluded:
                 seen[ptr] = t.untyped_storage().nbytes()
-            return t
+            # detached: a saved *output* returned as is would hold its own grad_fn, a cycle through
+            # C++ that no gc breaks once a backward retains the graph (fg-local-w) or never runs
+            return t.detach()
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             y = stage(leaf) if weights is None else functional_call(stage, weights, (leaf,))
