@@ -3,6 +3,7 @@
     python benchmarks/bench_speed.py                               # RevNet18, CIFAR stem, width 8, batch 64, 1 thread
     python benchmarks/bench_speed.py --width 64 --threads 2        # the paper's width
     python benchmarks/bench_speed.py --channels-last               # both sides in channels-last memory format
+    python benchmarks/bench_speed.py --compile                     # every stage's modules through torch.compile
 
 Prints two ratios (issue 11's goals: ours/plain <= 1.05, PETRA/backprop <= 1.40):
 
@@ -58,6 +59,16 @@ def engine_loop(model, method: str, x, y, recipe: Recipe, **kwargs):
     return step
 
 
+def compiled(model):
+    """``model`` with the direct children of each stage compiled in place (blocks, couplings, the
+    head): a stage's forward and PETRA's rebuild both call them, and the stage's own code (which
+    splits and joins streams, or reconstructs) stays eager."""
+    for stage in model:
+        for child in stage.children():
+            child.compile()
+    return model
+
+
 def timed(step, n: int) -> float:
     start = time.perf_counter()
     for _ in range(n):
@@ -74,6 +85,8 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=5, help="steps per timed block")
     p.add_argument("--blocks", type=int, default=7, help="alternating timed blocks per loop")
     p.add_argument("--channels-last", action="store_true", help="model and data in channels-last memory format")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile every stage's submodules (forward and, for PETRA, the rebuild use them)")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
 
@@ -85,10 +98,11 @@ def main(argv=None) -> dict:
         base = base.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
     recipe = Recipe(base_lr=0.01)
-    loops = {"plain": plain_loop(copy.deepcopy(base), x, y, recipe),
-             "backprop": engine_loop(copy.deepcopy(base), "backprop", x, y, recipe)}
+    prepare = compiled if args.compile else (lambda model: model)
+    loops = {"plain": plain_loop(prepare(copy.deepcopy(base)), x, y, recipe),
+             "backprop": engine_loop(prepare(copy.deepcopy(base)), "backprop", x, y, recipe)}
     if base.reversible_stages:
-        loops["petra"] = engine_loop(copy.deepcopy(base), "petra", x, y, recipe)
+        loops["petra"] = engine_loop(prepare(copy.deepcopy(base)), "petra", x, y, recipe)
     for step in loops.values():  # warm-up: allocator, oneDNN primitive caches
         timed(step, 2)
     times: dict[str, list[float]] = {name: [] for name in loops}
@@ -99,10 +113,10 @@ def main(argv=None) -> dict:
     if "petra" in times:
         ratio["petra/backprop"] = statistics.median(b / a for a, b in zip(times["backprop"], times["petra"]))
     result = {"arch": args.arch, "width": args.width, "batch": args.batch, "threads": args.threads,
-              "channels_last": args.channels_last,
+              "channels_last": args.channels_last, "compile": args.compile,
               "s_per_step": {name: statistics.median(t) for name, t in times.items()}, "ratio": ratio}
     print(f"{args.arch}, CIFAR stem, width {args.width}, batch {args.batch}, {args.threads} thread(s)"
-          + (", channels-last" if args.channels_last else "")
+          + (", channels-last" if args.channels_last else "") + (", torch.compile" if args.compile else "")
           + f"; median of {args.blocks} alternating blocks of {args.steps} steps")
     for name, s in result["s_per_step"].items():
         print(f"  {name:<9} {1000 * s:8.1f} ms/step")
