@@ -157,6 +157,15 @@ def test_summary_is_mean_std_n_over_seeds(fake):
                                                                                  "top1_std": round(bp.top1_std, 4)}
 
 
+def test_a_key_only_some_runs_set_keeps_every_run_in_the_summary(fake):
+    """The cpu profile sets aux_head for its local-learning block only: the other runs' NaN must
+    not drop them from the summary (pandas' groupby drops NaN keys by default)."""
+    r = fake["frames"]["results"].copy()
+    r.insert(r.columns.get_loc("run"), "aux_head", [None] * (len(r) - 1) + ["cnn"])
+    s = results.summarize(r)
+    assert int(s.n.sum()) == len(r) and s.aux_head.isna().sum() == len(s) - 1, s[["method", "k", "aux_head", "n"]]
+
+
 def test_results_written_and_read_back(fake):
     back = results.load(fake["results_dir"])
     assert set(back) == {"results", "history", "memory", "fidelity", "summary"}

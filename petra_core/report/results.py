@@ -114,7 +114,7 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
     """One row per group of runs that differ only in seed: n seeds, mean and sample std of each metric."""
     rows = []
     keys = group_keys(results)
-    for key, g in results.groupby(keys, sort=True):
+    for key, g in results.groupby(keys, sort=True, dropna=False):  # a key only some runs set (aux_head) is NaN
         row = dict(zip(keys, key))
         row.update(n=len(g), seeds=" ".join(str(s) for s in sorted(g.seed)), params=int(g.params.iloc[0]),
                    epochs=int(g.epochs_done.iloc[0]), batch_size=int(g.cfg_batch_size.iloc[0]))
