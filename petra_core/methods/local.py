@@ -89,7 +89,8 @@ class ForwardGradient(KeepGraph):
         return [torch.zeros_like(w) if g is None else g for w, g in zip(wrt, grads[:len(wrt)])]
 
     def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor, labels: Tensor, k: int) -> None:
-        params = [p for p in stage.parameters() if not any(p is q for q in stage.aux.parameters())]
+        heads = {id(q) for q in stage.aux.parameters()}
+        params = [p for p in stage.parameters() if id(p) not in heads]
         leaves = [leaf for leaf in graph.leaves if leaf.requires_grad]  # the true input gradient goes back
         y = graph.output
         if self.space == "activity":
