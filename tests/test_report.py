@@ -289,6 +289,20 @@ def test_the_gap_is_taken_against_backprop_at_the_same_budget(budget):
     assert -1.0 < fit["predicted_gap"] < 0
 
 
+def test_a_gap_that_closed_inside_the_budgets_is_not_extrapolated():
+    """A gap at or above 0 at the largest budget (e.g. -13, -4, +0.2) has closed: a straight line
+    through it would predict a method beating backprop by ever more points at the paper's budget."""
+    from petra_core.report.budget import trend, trend_curve
+
+    frame = pd.DataFrame({"method": "delayed", "k": 1, "minibatches": [1250, 2500, 5000, 10000],
+                          "gap_top1": [-13.0, -4.0, 0.5, 0.2]})
+    fit = trend(frame, "delayed", 1, 234375)
+    assert fit["kind"] == "closed" and fit["closed_at"] == 5000 and math.isnan(fit["predicted_gap"])
+    assert not fit["monotonic"] and trend_curve(fit, [1e4, 1e5]) == []
+    frame.loc[3, "gap_top1"] = -0.1  # closed, then below 0 again at the largest budget: fitted as before
+    assert trend(frame, "delayed", 1, 234375)["kind"] == "line"
+
+
 def test_budget_profiles_render_table_2_at_their_largest_budget(budget, cost_tables, tmp_path):
     out = tmp_path / "results"
     results.write({name: budget[name] for name in results.FRAMES}, out)

@@ -68,14 +68,21 @@ def trend(frame: pd.DataFrame, method: str, k: int, at: float, metric: str = "to
     """How the gap of (method, k) shrinks with the budget, and what that predicts at ``at`` minibatches.
 
     With every gap negative: least squares of log|gap| on log(minibatches), a power law whose
-    ``factor_per_doubling`` (2^-a) multiplies the gap at each doubling. Otherwise (a gap at or
-    above 0): a straight line in log10(minibatches). ``monotonic``: the gap shrank at every step.
+    ``factor_per_doubling`` (2^-a) multiplies the gap at each doubling. A gap that reached 0 or
+    above at the largest budget has closed inside the measured range: ``kind="closed"``, no
+    extrapolation (``predicted_gap`` NaN; ``closed_at``, the first budget from which it stays
+    at or above 0). Otherwise (a gap above 0 only at smaller budgets): a straight line in
+    log2(minibatches). ``monotonic``: the gap shrank at every step.
     """
     g = frame[(frame.method == method) & (frame.k == k)].sort_values("minibatches")
     if g.minibatches.nunique() < 2:
         return None
     x, gap = np.log2(g.minibatches.to_numpy(float)), g[f"gap_{metric}"].to_numpy(float)
     out = {"method": method, "k": k, "at": at, "monotonic": bool((np.diff(gap) > 0).all())}
+    if gap[-1] >= 0:
+        below = np.flatnonzero(gap < 0)
+        first = 0 if below.size == 0 else int(below[-1]) + 1
+        return {**out, "kind": "closed", "closed_at": int(g.minibatches.iloc[first]), "predicted_gap": float("nan")}
     if (gap < 0).all():
         slope, intercept = np.polyfit(x, np.log2(-gap), 1)
         return {**out, "kind": "power", "factor_per_doubling": float(2.0 ** slope),
@@ -86,7 +93,9 @@ def trend(frame: pd.DataFrame, method: str, k: int, at: float, metric: str = "to
 
 
 def trend_curve(fit: dict, xs) -> list[float]:
-    """The fitted gap at the budgets ``xs`` (for drawing)."""
+    """The fitted gap at the budgets ``xs`` (for drawing; nothing for a gap that closed)."""
+    if fit["kind"] == "closed":
+        return []
     if fit["kind"] == "power":
         ref = fit["predicted_gap"]
         return [ref * (x / fit["at"]) ** math.log2(fit["factor_per_doubling"]) for x in xs]

@@ -61,7 +61,7 @@ def accumulation_metric(summary: pd.DataFrame) -> tuple[str, str]:
     """The paper averages top-1 over the last 10 epochs; for runs of under 20 epochs that would mix
     in the first epochs, so the final top-1 is used instead (said on the axis)."""
     if not summary.empty and summary.epochs.min() >= 20:
-        return "top1_last10_mean", "top-1 (%), mean of the last 10 epochs"
+        return "top1_last10_mean", "top-1 (%), mean of the evaluations in the last 10 epochs"
     return "top1", "top-1 (%), last epoch"
 
 
@@ -172,7 +172,7 @@ def budget_gap(summary: pd.DataFrame, results: pd.DataFrame, profile: str, refer
                         marker="o" if k == 1 else "s", ls="-" if len(g) > 1 else "none", color=color,
                         label=f"{labels.run_label(method, k)}" + (f" (n = {int(g.n.max())})" if g.n.max() > 1 else ""))
             fit = trend(frame, method, k, paper["minibatches"], metric)
-            if fit is not None:
+            if fit is not None and fit["kind"] != "closed":
                 xs = np.geomspace(g.minibatches.max(), paper["minibatches"], 20)
                 ax.plot(xs, trend_curve(fit, xs), ls=":", color=color,
                         label=f"  trend: {fit['predicted_gap']:+.1f} at the paper's budget")
