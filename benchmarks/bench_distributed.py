@@ -34,8 +34,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from petra_core import Simulator  # noqa: E402
-from petra_core.demo import demo_setup, parser as demo_parser  # noqa: E402
-from petra_core.launch import launch_local  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from harness.ranks import RANKS, demo_setup, parser as demo_parser  # noqa: E402
+from petra_core.engine.launch import launch_local  # noqa: E402
 
 
 def single_process(argv: list[str], threads: int | None, device: str, warmup: int) -> float:
@@ -63,7 +64,7 @@ def single_process(argv: list[str], threads: int | None, device: str, warmup: in
 
 def distributed(argv: list[str], nprocs: int, method: str, workdir: str) -> dict:
     out = os.path.join(workdir, f"{method}.json")
-    procs = launch_local([*argv, "--method", method, "--json", out], nprocs, timeout=600, capture=True)
+    procs = launch_local([*argv, "--method", method, "--json", out], nprocs, timeout=600, capture=True, script=RANKS)
     for r, p in enumerate(procs):
         if p.returncode != 0:
             raise SystemExit(f"{method}: rank {r} exited {p.returncode}\n{p.err[-4000:]}")

@@ -16,7 +16,7 @@ _EXPORTS = {
     "ARCHS": "models", "StagedModel": "models", "build_model": "models",
     "METHODS": "methods", "get_method": "methods",
     "Pipeline": "engine", "Simulator": "engine", "simulate": "engine",
-    "Recipe": "optim", "Schedule": "schedule",
+    "Recipe": "optim", "Schedule": "engine.schedule",
 }
 __all__ = [*sorted(_EXPORTS), "__version__"]
 __getattr__, __dir__ = lazy(__name__, _EXPORTS)

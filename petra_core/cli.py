@@ -11,11 +11,11 @@ import signal
 import sys
 from pathlib import Path
 
-from .config import ConfigError, RunConfig
-from .grid import as_override, default_run_dir, load_profile
+from .run.config import ConfigError, RunConfig
+from .workflow.grid import as_override, default_run_dir, load_profile
 from .data import DATASETS, DataError, prepare
 from .methods import METHODS
-from .schedule import Schedule
+from .engine.schedule import Schedule
 
 
 def train_args(args) -> list[str]:
@@ -54,7 +54,7 @@ def signal_hook(spec: str | None, rank: int):
 
 
 def cmd_train(args) -> int:
-    from .train import Diverged, Interrupted, train
+    from .run.trainer import Diverged, Interrupted, train
 
     if args.help_config:
         print(RunConfig.describe())
@@ -68,7 +68,7 @@ def cmd_train(args) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
     distributed = cfg.runtime == "distributed"
     if distributed and "WORLD_SIZE" not in os.environ:
-        from .runtime import torchrun_command
+        from .run.session import torchrun_command
 
         raise ConfigError("runtime=distributed runs one process per rank: launch it with torchrun, e.g. "
                           + torchrun_command(train_args(args)) + " (N ranks: --nproc-per-node=N)")
@@ -95,7 +95,7 @@ def cmd_train(args) -> int:
     except Exception as err:  # noqa: BLE001 - a distributed rank must exit, not hang in teardown
         if not distributed:
             raise
-        from .launch import fail
+        from .engine.launch import fail
 
         fail(err)
     if rank == 0:
@@ -155,8 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _extensions():
     """Sub-commands contributed by other layers (report, accounting, storage), if present."""
     registers = []
-    for module in ("petra_core.report.commands", "petra_core.accounting.commands", "petra_core.store",
-                   "petra_core.gpus"):
+    for module in ("petra_core.report.commands", "petra_core.accounting.commands", "petra_core.workflow.store",
+                   "petra_core.workflow.gpus"):
         try:
             registers.append(__import__(module, fromlist=["register"]).register)
         except ModuleNotFoundError as err:

@@ -151,8 +151,19 @@ def test_recorder_does_not_change_training():
     for a, b in zip(states[0][0].values(), states[1][0].values()):
         assert torch.equal(a, b)
     assert {p["phase"] for p in rec.phases} >= {"forward", "rebuild", "backward", "step"}
+    steps = [p for p in rec.phases if p["phase"] == "step"]
+    # k = 2: the step closes the group of minibatches 2g, 2g + 1, at the end of the last one's backward tick
+    backward_ticks = {(p["stage"], p["mb"]): p["tick"] for p in rec.phases if p["phase"] == "backward"}
+    assert len(steps) == 3 * len(model) and all(p["mb"] % 2 == 1 for p in steps)
+    assert all(p["tick"] == backward_ticks[p["stage"], p["mb"]] for p in steps)
+    assert all(p["flops_counted"] == (p["mb"] == 0 and p["phase"] != "step") for p in rec.phases)
+    assert {(m["direction"], m["stage"] - m["receiver"]) for m in rec.messages} == {("forward", -1), ("backward", 1)}
+    assert rec.kept and {k["mb"] for k in rec.kept} == set(range(6))
     rec.detach()
-    assert "forward" not in vars(sim.workers[0]) and sim.world is rec._inner_world
+    assert rec not in sim.observers
+    for w in sim.workers:  # observed through the runner's hooks, nothing patched
+        assert not {"forward", "rebuild", "backward", "step"} & set(vars(w))
+        assert "local_graph" not in vars(w.storage)
 
 
 # ---- gradient fidelity -----------------------------------------------------------------------------
@@ -172,6 +183,25 @@ def test_fidelity_is_exact_with_zero_learning_rate(method):
     for r in records:
         assert r["cosine"] == pytest.approx(1.0, abs=1e-6) and r["rel_error"] < 1e-5, r
     assert not tracker._batches  # cached minibatches are freed once every stage used them
+    tracker.detach()
+    assert tracker not in sim.observers
+
+
+def test_fidelity_of_replicas_is_exact_with_zero_learning_rate():
+    """Two dp replicas: the stepped gradient is the mean over both replicas' minibatches of the group."""
+    n, k = 8, 2
+    batches = make_batches(2 * n)
+    torch.manual_seed(0)
+    model = build_model("revnet18", num_classes=5, width=4)
+    sim = Simulator(model, "petra", num_batches=n, get_batch=batches.__getitem__, batch_size=6, k=k,
+                    recipe=Recipe(base_lr=0.0, scale_lr=False), replicas=2)
+    tracker = track_fidelity(sim, every=3)
+    sim.run()
+    assert len(tracker.records) == 2 * len(model)
+    for r in tracker.records:
+        assert r["num_minibatches"] == 2 * k
+        assert r["cosine"] == pytest.approx(1.0, abs=1e-6) and r["rel_error"] < 1e-5, r
+    assert not tracker._batches
 
 
 def test_fidelity_sees_staleness():

@@ -11,7 +11,6 @@
 Processes are plain subprocesses on 127.0.0.1; each sets torch.set_num_threads(1), and so does
 the simulator reference here (the same kernels on the same thread count).
 """
-import argparse
 import itertools
 import random
 import subprocess
@@ -21,11 +20,11 @@ import time
 import pytest
 import torch
 
-from petra_core import Simulator
-from petra_core.demo import demo_setup, parser
-from petra_core.launch import free_port, launch_local
+from harness.compare import assert_bit_for_bit, check_outcome, simulator_state
+from harness.ranks import RANKS
+from petra_core.engine.launch import free_port, launch_local
 from petra_core.engine.distributed.wire import from_wire, restore_layout, to_wire
-from petra_core.placement import (
+from petra_core.engine.placement import (
     check_placement,
     even_partition,
     format_placement,
@@ -120,36 +119,11 @@ COMMON = ["--arch", "revnet18", "--num-classes", "5", "--batch", "4", "--steps",
           "--lr", "0.05", "--timeout", "60"]
 
 
-def simulator_state(argv, method):
-    args = parser().parse_args(argv)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model, get_batch, recipe = demo_setup(args)
-        Simulator(model, method, num_batches=args.steps, get_batch=get_batch, batch_size=args.batch, k=args.k,
-                  recipe=recipe).run()
-    finally:
-        torch.set_num_threads(threads)
-    return model.state_dict()
-
-
-def assert_bit_for_bit(saved, reference, method):
-    assert list(saved) == list(reference), method
-    differ = [k for k, v in reference.items() if not torch.equal(saved[k], v)]
-    assert not differ, f"{method}: {len(differ)} tensors differ from the simulator, e.g. {differ[:3]}"
-    assert any(v.dtype == torch.int64 for v in saved.values())  # buffers (num_batches_tracked) compared too
-
-
-def check_outcome(procs):
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{p.err[-3000:]}"
-
-
 def test_two_ranks_under_torchrun_match_the_simulator(tmp_path):
     argv = [*COMMON, "--width", "4", "--image-size", "16", "--method", "petra,delayed",
             "--placement", "0-4,5-9", "--save", str(tmp_path / "{method}.pt")]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--node-rank=0", "--nproc-per-node=2",
-           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "petra_core.demo", *argv]
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", RANKS, *argv]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=110)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "placement 0-4,5-9" in out.stdout
@@ -161,7 +135,7 @@ def test_three_ranks_balanced_placement_with_accumulation_match_the_simulator(tm
     # k = 3 over 10 minibatches: the final partial group is flushed like the simulator's
     argv = [*COMMON, "--width", "2", "--image-size", "8", "--k", "3", "--method", "petra,delayed",
             "--placement", "balanced", "--save", str(tmp_path / "{method}.pt")]
-    procs = launch_local(argv, 3, timeout=110, capture=True)
+    procs = launch_local(argv, 3, timeout=110, capture=True, script=RANKS)
     check_outcome(procs)
     assert procs[0].out.count("on 3 ranks") == 2
     for method in ("petra", "delayed"):
@@ -172,7 +146,7 @@ def test_local_learning_on_two_ranks_matches_the_simulator(tmp_path):
     """local sends no backward message at all; the forward-gradient methods send true gradients."""
     argv = [*COMMON, "--width", "2", "--image-size", "8", "--aux-head", "cnn", "--method", "local,fg-local-w,fg-local-a",
             "--placement", "0-3,4-9", "--save", str(tmp_path / "{method}.pt")]
-    procs = launch_local(argv, 2, timeout=110, capture=True)
+    procs = launch_local(argv, 2, timeout=110, capture=True, script=RANKS)
     check_outcome(procs)
     for method in ("local", "fg-local-w", "fg-local-a"):
         assert_bit_for_bit(torch.load(tmp_path / f"{method}.pt"), simulator_state(argv, method), method)
@@ -188,7 +162,7 @@ def test_killed_rank_stops_every_rank_and_is_named():
     """Rank 2 (stages 7-9) SIGKILLs itself at tick 8: ranks 1 and 0 exit non-zero within seconds;
     both name stage 7 (rank 2) — rank 0 learns it through the rendezvous store."""
     procs = launch_local([*FAIL, "--steps", "40", "--timeout", "30", "--fault", "2:8:kill"], 3, timeout=100,
-                         capture=True)
+                         capture=True, script=RANKS)
     killed = procs[2]
     assert killed.returncode == -9, killed.err
     for r in (0, 1):
@@ -204,14 +178,10 @@ def test_hung_rank_times_out_and_every_rank_exits():
     (timeout 4 s), report stage 4 (rank 1), and the hung rank's own watchdog ends it too."""
     t0 = time.monotonic()
     procs = launch_local([*FAIL, "--steps", "40", "--timeout", "4", "--fault", "1:6:hang"], 3, timeout=100,
-                         capture=True)
+                         capture=True, script=RANKS)
     assert all(p.returncode not in (0, None, -9) for p in procs), [(p.returncode, p.err) for p in procs]
     assert max(p.ended for p in procs) - t0 < 60
     for r in (0, 2):
         assert "stopped responding" in procs[r].err and "(rank 1)" in procs[r].err.splitlines()[0], procs[r].err
     assert "stopping at tick 6 because of it" in procs[1].err
 
-
-def test_cli_arguments():
-    args = parser().parse_args(["--method", "petra,delayed", "--placement", "0-3,4-9"])
-    assert isinstance(args, argparse.Namespace) and args.timeout == 60

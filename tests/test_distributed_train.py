@@ -7,7 +7,10 @@
   record) — stop every rank at the same tick with a checkpoint; resuming twice gives the
   uninterrupted run bit for bit;
 * resuming with another number of ranks, and ``runtime=distributed`` outside torchrun, are
-  refused with one line.
+  refused with one line;
+* a mesh of 2 replicas × 2 pipeline positions (4 ranks), interrupted on one rank and resumed,
+  ends with the simulator's 2-replica run bit for bit; its checkpoint parts are named by mesh
+  coordinate; the simulator's own 2-replica run resumes exactly too.
 
 Ranks are plain subprocesses on 127.0.0.1 (gloo, one thread each, like the simulator here).
 Most of the time is process start-up (importing torch); the runs themselves take ~2 s.
@@ -20,9 +23,9 @@ import pytest
 import torch
 import torch.distributed
 
-from petra_core import runio
+from petra_core.run import runio
 from petra_core.cli import main
-from petra_core.launch import free_port, launch_local
+from petra_core.engine.launch import free_port, launch_local
 
 TINY = ["arch=revnet18", "width=4", "synthetic_train=128", "synthetic_test=64", "batch_size=16", "epochs=2",
         "threads=1", "progress=false", "k=2", "method=petra"]
@@ -72,7 +75,7 @@ def test_two_ranks_under_torchrun_match_the_simulator(tmp_path, simulated):
     assert_same_run(run, simulated)
     env = json.loads((run / "env.json").read_text())
     assert env["world_size"] == 2 and env["placement"] == "0-4,5-9" and env["torch_threads"] == 1
-    assert sorted(p.name for p in (run / "checkpoint-parts").iterdir()) == ["rank0-tick34.pt", "rank1-tick34.pt"]
+    assert sorted(p.name for p in (run / "checkpoint-parts").iterdir()) == ["replica0-position0-tick34.pt", "replica0-position1-tick34.pt"]
 
 
 def test_interrupted_run_resumes_bit_for_bit(tmp_path, simulated, capsys, monkeypatch):
@@ -83,7 +86,7 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, simulated, capsys, monkey
     assert codes == [130, 130], errs
     assert "petra: stopped: SIGTERM (rank 1) at tick 16; checkpoint written to" in errs[0]
     assert errs[1].strip() == ""  # rank 0 speaks for the run
-    parts = {r: runio.load_checkpoint(run / "checkpoint-parts" / f"rank{r}-tick16.pt") for r in (0, 1)}
+    parts = {r: runio.load_checkpoint(run / "checkpoint-parts" / f"replica0-position{r}-tick16.pt") for r in (0, 1)}
     ready = {r: parts[r]["pipeline"]["world"]["ready"] for r in (0, 1)}
     assert ready[0] and ready[1], ready  # a backward message for rank 0, a forward one for rank 1
     assert not (run / "metrics.json").exists() and not (run / "history.json").exists()
@@ -110,7 +113,7 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, simulated, capsys, monkey
     assert codes == [0, 0], errs
     assert "resuming at tick 28 of 34 (epoch 1)" in errs[0]
     assert_same_run(run, simulated)
-    assert sorted(p.name for p in (run / "checkpoint-parts").iterdir()) == ["rank0-tick34.pt", "rank1-tick34.pt"]
+    assert sorted(p.name for p in (run / "checkpoint-parts").iterdir()) == ["replica0-position0-tick34.pt", "replica0-position1-tick34.pt"]
 
 
 @pytest.mark.parametrize("when,tick", [("at start-up", "start"), ("between two ticks", "5"),
@@ -125,3 +128,47 @@ def test_a_dead_rank_is_named_by_every_survivor(tmp_path, when, tick):
         assert procs[r].returncode not in (0, None), (r, procs[r].err)
         lines = [line for line in procs[r].err.splitlines() if line.startswith("petra:")]
         assert lines and "rank 1" in lines[0] and ("stages 4-6" in lines[0] or tick == "start"), (when, procs[r].err)
+
+
+@pytest.fixture(scope="module")
+def simulated_mesh(tmp_path_factory):
+    run = tmp_path_factory.mktemp("sim-mesh") / "run"
+    assert main(["train", *TINY, "replicas=2", "--run-dir", str(run)]) == 0
+    return run
+
+
+@pytest.mark.slow
+def test_a_2x2_mesh_interrupted_and_resumed_matches_the_simulator(tmp_path, simulated_mesh):
+    run = tmp_path / "run"
+    argv = ["train", *DIST, "replicas=2", "--run-dir", str(run)]
+    procs = launch_local(argv, 4, timeout=150, capture=True, module="petra_core.cli",
+                         env={"PETRA_SIGNAL_AT": "3:10:SIGTERM"})
+    assert [p.returncode for p in procs] == [130] * 4, [p.err for p in procs]
+    assert "SIGTERM (rank 3) at tick 10" in procs[0].err
+    assert sorted(p.name for p in (run / "checkpoint-parts").iterdir()) == [
+        f"replica{r}-position{p}-tick10.pt" for r in (0, 1) for p in (0, 1)]
+    procs = launch_local(argv, 4, timeout=150, capture=True, module="petra_core.cli")
+    assert [p.returncode for p in procs] == [0] * 4, [p.err for p in procs]
+    assert "resuming at tick 10" in procs[0].err
+    assert_same_run(run, simulated_mesh)
+    env = json.loads((run / "env.json").read_text())
+    assert env["mesh"] == "2x2" and env["world_size"] == 4
+
+
+@pytest.mark.slow
+def test_the_simulators_replicas_resume_bit_for_bit(tmp_path, simulated_mesh, monkeypatch):
+    run = tmp_path / "run"
+    monkeypatch.setenv("PETRA_SIGNAL_AT", "0:9:SIGINT")
+    assert main(["train", *TINY, "replicas=2", "--run-dir", str(run)]) == 130
+    monkeypatch.delenv("PETRA_SIGNAL_AT")
+    assert main(["train", *TINY, "replicas=2", "--run-dir", str(run)]) == 0
+    assert_same_run(run, simulated_mesh)
+    history = json.loads((simulated_mesh / "history.json").read_text())
+    assert len(history) == 2  # 8 minibatches an epoch: 4 for each replica
+
+
+def test_replicas_that_do_not_divide_the_ranks_are_refused(tmp_path):
+    procs = launch_local(["train", *DIST, "replicas=3", "--run-dir", str(tmp_path / "run")], 2, timeout=120,
+                         capture=True, module="petra_core.cli")
+    assert all(p.returncode == 2 for p in procs), [p.err for p in procs]
+    assert "petra: error: replicas=3 must divide the number of ranks (2)" in procs[0].err

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from petra_core.store import artifacts, store
+from petra_core.workflow.store import artifacts, store
 
 ROOT = Path(__file__).resolve().parents[1]
 DVC = shutil.which("dvc", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))

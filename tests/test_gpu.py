@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from petra_core.engine.observers import BeforeStep
 from petra_core import METHODS, Pipeline, Recipe, Simulator, build_model
 from petra_core.engine import LocalWorld, assemble
 
@@ -125,8 +126,7 @@ def test_zero_staleness_oracle_on_cuda(method):
         g = torch.cat([p.grad.flatten() for p in w.stage.parameters()]).clone()
         sums[w.index] = g if sums[w.index] is None else sums[w.index] + g
 
-    for w in sim.workers:
-        w.step_hooks.append(hook)
+    sim.observers.append(BeforeStep(hook))
     sim.run()
     for j, stage in enumerate(reference):
         true = torch.cat([p.grad.flatten() for p in stage.parameters()])
@@ -177,13 +177,13 @@ def test_stages_spread_over_gpus_and_their_work_overlaps():
 
 @multi_gpu
 def test_nccl_pipeline_equals_the_simulator(tmp_path):
-    from petra_core.demo import demo_setup, parser
-    from petra_core.launch import launch_local
+    from harness.ranks import RANKS, demo_setup, parser
+    from petra_core.engine.launch import launch_local
 
     argv = ["--arch", "revnet18", "--num-classes", "5", "--batch", "4", "--steps", "10", "--width", "4",
             "--image-size", "16", "--method", "petra", "--device", "cuda", "--timeout", "60",
             "--save", str(tmp_path / "{method}.pt")]
-    procs = launch_local(argv, 2, timeout=300, capture=True)
+    procs = launch_local(argv, 2, timeout=300, capture=True, script=RANKS)
     assert all(p.returncode == 0 for p in procs), [p.err[-2000:] for p in procs]
     args = parser().parse_args(argv)
     model, get_batch, recipe = demo_setup(args)
@@ -214,7 +214,7 @@ def test_the_gpu_benchmark_runs(tmp_path):
 
 # ---- machines with several GPUs: local slots, SLURM ----------------------------------------------
 def test_with_gpus_gives_each_claimant_gpus_of_its_own(tmp_path):
-    from petra_core.gpus import claim
+    from petra_core.workflow.gpus import claim
 
     gpus = ["0", "1", "2"]
     first, held = claim(2, gpus, tmp_path, wait=0)

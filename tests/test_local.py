@@ -166,7 +166,7 @@ def test_auxiliary_heads_are_small_and_optional(arch):
     (dict(method="local", aux_head="mlp"), "aux_head='mlp' is not allowed"),
 ])
 def test_bad_local_learning_configs(kwargs, needle):
-    from petra_core.config import ConfigError, RunConfig
+    from petra_core.run.config import ConfigError, RunConfig
 
     with pytest.raises(ConfigError, match=needle):
         RunConfig.from_dict(kwargs)

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from petra_core.engine.observers import BeforeStep
 from petra_core import METHODS, Recipe, Simulator, build_model, simulate
 from petra_core.batchnorm import batches_tracked, frozen_running_stats
 from petra_core.methods import Reconstruct
@@ -42,8 +43,7 @@ def summed_step_grads(sim):
         g = stage_grads(worker.stage).clone()
         sums[worker.index] = g if sums[worker.index] is None else sums[worker.index] + g
 
-    for w in sim.workers:
-        w.step_hooks.append(hook)
+    sim.observers.append(BeforeStep(hook))
     return sums
 
 
@@ -103,7 +103,7 @@ def test_stash_oracle_delayed_gradients_use_the_forward_weights():
             return forward(msg)
 
         w.forward = recording_forward
-        w.step_hooks.append(lambda w: grads.__setitem__((w.index, w.steps), stage_grads(w.stage).clone()))
+    sim.observers.append(BeforeStep(lambda w: grads.__setitem__((w.index, w.steps), stage_grads(w.stage).clone())))
     sim.run()
     assert any(w.steps > 0 for w in sim.workers)
     for mb in range(n):

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from petra_core import grid
+from petra_core.workflow import grid
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

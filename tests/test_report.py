@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from petra_core import grid
+from petra_core.workflow import grid
 from petra_core.accounting import costs as measured_costs
-from petra_core.config import RunConfig
+from petra_core.run.config import RunConfig
 from petra_core.reference import load_paper_reference, load_reference
 from petra_core.report import costs, results, tables
 from petra_core.report.labels import formula, pm, pretty_expr, tex

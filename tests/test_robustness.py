@@ -12,11 +12,11 @@ import stat
 import pandas as pd
 import pytest
 
-from petra_core import runio
+from petra_core.run import runio
 from petra_core.cli import main
-from petra_core.config import ConfigError, RunConfig
+from petra_core.run.config import ConfigError, RunConfig
 from petra_core.data import DataError, prepare
-from petra_core.train import Diverged, Interrupted, train
+from petra_core.run.trainer import Diverged, Interrupted, train
 
 TINY = dict(arch="revnet18", width=4, dataset="synthetic", synthetic_train=64, synthetic_test=32, batch_size=16,
             epochs=2, threads=1, progress=False)
@@ -44,7 +44,7 @@ def test_divergence_in_the_last_epoch_is_a_failure_not_a_result(tmp_path, capsys
 
 
 def test_a_non_finite_test_loss_stops_the_run_and_is_recorded_as_null(tmp_path, monkeypatch):
-    import petra_core.train as trainer
+    import petra_core.run.trainer as trainer
 
     real = trainer.evaluate
 

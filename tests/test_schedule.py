@@ -1,7 +1,7 @@
 """The delay schedule against its closed form (ARCHITECTURE.md, "Schedule")."""
 import pytest
 
-from petra_core.schedule import Schedule
+from petra_core.engine.schedule import Schedule
 
 
 @pytest.mark.parametrize("J,n", [(1, 3), (2, 5), (4, 7), (10, 25)])

@@ -7,10 +7,10 @@ import tarfile
 import pytest
 import torch
 
-from petra_core import runio
+from petra_core.run import runio
 from petra_core.cli import main
-from petra_core.config import RunConfig
-from petra_core.train import Interrupted, train
+from petra_core.run.config import RunConfig
+from petra_core.run.trainer import Interrupted, train
 
 TINY = dict(arch="revnet18", width=4, dataset="synthetic", synthetic_train=256, synthetic_test=128,
             batch_size=32, epochs=2, threads=1, progress=False, base_lr=0.1, warmup_epochs=1.0)
@@ -165,7 +165,7 @@ def test_fidelity_log_observes_without_changing_training(tmp_path):
 
 
 def test_run_directory_of_another_config_is_refused(tmp_path):
-    from petra_core.config import ConfigError
+    from petra_core.run.config import ConfigError
 
     train(cfg(epochs=1), tmp_path / "a", log=lambda m: None)
     with pytest.raises(ConfigError, match="holds a run with k=1, not 2; use another run directory"):

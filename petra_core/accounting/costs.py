@@ -18,8 +18,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .. import runio
-from ..runio import COST_FILES
+from ..run import runio
+from ..run.runio import COST_FILES
 
 DEFAULTS = {
     "table1": {"arch": "revnet18", "stem": "imagenet", "image_size": 224, "width": 64, "batch": 2,

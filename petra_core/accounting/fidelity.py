@@ -1,12 +1,14 @@
 """Gradient fidelity of delayed methods: the accumulated gradient vs backprop at the same weights.
 
 At a tracked optimizer step of stage j, ``param.grad`` holds the gradient the method accumulated
-over one group of k minibatches (a step hook runs right before ``optimizer.step()``). The
+over one group of k minibatches (the tracker observes the runner's ``before("step", ...)``, right
+before ``optimizer.step()``, after the replica rule has combined the copies' gradients). The
 reference is the true backprop gradient of stage j's weights for the *current* network — every
 stage's weights as they are at that instant — on the same minibatches, with batch-norm in the
-same training mode (batch statistics; running statistics left untouched). Stages step at
-different ticks, so "current" means: stages before j have finished the tick, stages after j not
-yet (the simulator runs stages in order within a tick).
+same training mode (batch statistics; running statistics left untouched). The runner takes the
+steps due in a tick at its end, after every stage's forward and backward of the tick, stage by
+stage in order, so "current" means: the stages before j that were due this tick have stepped,
+the stages after j not yet.
 
 Cost per tracked group: about one forward of the network plus one backward down to stage j, per
 stage and minibatch; with ``every`` = a few hundred steps it is a few percent of training.
@@ -17,6 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from ..batchnorm import frozen_running_stats
+from ..engine.observers import Observer
+from ..replicas import DataParallel
 
 
 def true_gradient(model, stage: int, batches) -> torch.Tensor:
@@ -50,13 +54,19 @@ def compare(grad: torch.Tensor, true: torch.Tensor) -> dict:
     return dict(cosine=cosine, rel_error=rel, grad_norm=gn, true_norm=tn)
 
 
-class FidelityTracker:
-    """Attached to a simulator: every ``every``-th optimizer step of each stage, compare gradients.
+class FidelityTracker(Observer):
+    """Attached to a pipeline: every ``every``-th optimizer step of each stage, compare gradients.
 
     Records (tidy): method, step (optimizer step of the stage = accumulation group), tick, stage,
-    kind, num_minibatches, cosine, rel_error, grad_norm, true_norm. Observation only: it caches the
-    tracked groups' minibatches as the simulator fetches them and reads ``.grad`` in a step hook;
-    a tracked minibatch fetched before it was attached (a resumed run) is fetched again.
+    kind, num_minibatches, cosine, rel_error, grad_norm, true_norm. Observation only: an
+    :class:`~petra_core.engine.observers.Observer` in ``sim.observers``, it caches the tracked
+    groups' minibatches as stage 0 fetches them (``fetched``) and reads ``.grad`` right before the
+    step (``before("step", ...)``); a tracked minibatch fetched before it was attached (a resumed
+    run) is fetched again with ``sim.get_batch``. It tracks the stages of the pipeline's first
+    replica (``sim.workers``); with several replicas under ``dp`` the stepped gradient is the mean
+    over every replica's minibatches of the group, and so is the reference. ``tick`` is the tick at
+    whose end the step is taken (a final partial group: the number of ticks, as it is stepped after
+    the last one).
     """
 
     def __init__(self, sim, every: int = 200):
@@ -65,46 +75,49 @@ class FidelityTracker:
         self.sim, self.every = sim, every
         self.k = sim.workers[0].k
         self.records: list[dict] = []
-        self._batches: dict[int, tuple] = {}
+        self._batches: dict[int, tuple] = {}  # stream minibatch id -> batch, of the tracked groups
         self._done: dict[int, set[int]] = {}
-        self._get_batch = sim.get_batch
-        sim.get_batch = self._fetch
-        for w in sim.workers:
-            w.step_hooks.append(self._hook)
+        self._workers = {id(w) for w in sim.workers}
+        self._R = sim.world.mesh.replicas
+        # replicas whose minibatches make the gradient the first replica steps with
+        self._sources = range(self._R) if self._R > 1 and isinstance(sim.rule, DataParallel) else (sim.workers[0].replica,)
+        sim.observers.append(self)
 
     def _tracked(self, group: int) -> bool:
         return group % self.every == 0
 
-    def _fetch(self, mb: int):
-        batch = self._get_batch(mb)
-        if self._tracked(mb // self.k):
-            self._batches[mb] = batch
-        return batch
+    def _stream_ids(self, group: int, pending: int) -> list[int]:
+        """Stream minibatch ids of the first ``pending`` minibatches of ``group``, of every source replica."""
+        return [t * self._R + r for t in range(group * self.k, group * self.k + pending) for r in self._sources]
 
-    def _hook(self, worker) -> None:
-        group = worker.steps
-        if not self._tracked(group):
+    def fetched(self, replica: int, mb: int, batch) -> None:
+        if replica in self._sources and self._tracked(mb // self._R // self.k):
+            self._batches[mb] = batch
+
+    def before(self, phase: str, worker, mb: int | None) -> None:
+        if phase != "step" or id(worker) not in self._workers:
             return
-        mbs = range(group * self.k, group * self.k + worker.pending)
+        group = worker.steps
+        if not self._tracked(group) or worker.pending == 0:
+            return
+        mbs = self._stream_ids(group, worker.pending)
         grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
                           for p in worker.stage.parameters()])
         # a batch fetched before a resume is fetched again: get_batch is a pure function of mb
-        batches = [self._batches[mb] if mb in self._batches else self._get_batch(mb) for mb in mbs]
+        batches = [self._batches[m] if m in self._batches else self.sim.get_batch(m) for m in mbs]
         true = true_gradient(self.sim.model, worker.index, batches)
         self.records.append(dict(method=self.sim.method.name, step=group, tick=self.sim.tick, stage=worker.index,
                                  kind=worker.stage.kind, num_minibatches=len(mbs), **compare(grad, true)))
         done = self._done.setdefault(group, set())
         done.add(worker.index)
         if len(done) == len(self.sim.workers):  # every stage has used this group: free its batches
-            for mb in mbs:
-                self._batches.pop(mb, None)
+            for m in mbs:
+                self._batches.pop(m, None)
             del self._done[group]
 
     def detach(self) -> None:
-        self.sim.get_batch = self._get_batch
-        for w in self.sim.workers:
-            if self._hook in w.step_hooks:
-                w.step_hooks.remove(self._hook)
+        if self in self.sim.observers:
+            self.sim.observers.remove(self)
 
     def frame(self):
         import pandas as pd
@@ -113,5 +126,6 @@ class FidelityTracker:
 
 
 def track_fidelity(sim, every: int = 200) -> FidelityTracker:
-    """Attach gradient-fidelity tracking to ``sim`` every ``every`` optimizer steps; read ``.records``."""
+    """Attach gradient-fidelity tracking to ``sim`` (adds a :class:`FidelityTracker` to
+    ``sim.observers``) every ``every`` optimizer steps; read ``.records``."""
     return FidelityTracker(sim, every=every)

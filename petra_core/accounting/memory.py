@@ -25,7 +25,7 @@ from ..models import StagedModel
 from ..optim import Recipe
 from .held import AllocationMeter, held_by_stage, held_total
 from .shapes import FLOAT32, stage_shapes
-from ..schedule import staleness
+from ..engine.schedule import staleness
 
 LABEL_BYTES = 8  # int64 class labels
 

@@ -29,7 +29,7 @@ from ..models import build_model
 from .recorder import Recorder
 from ..reference import evaluate, load_reference
 from .shapes import FLOAT32, stage_shapes
-from ..schedule import staleness
+from ..engine.schedule import staleness
 
 
 def run_method(arch: str, method: str, *, stem: str = "imagenet", image_size: int = 224, batch: int = 2,

@@ -16,7 +16,7 @@ import torch
 
 from ..models import build_model
 from ..reference import load_reference
-from ..schedule import staleness
+from ..engine.schedule import staleness
 from .shapes import FLOAT32, stage_shapes
 
 GB = 1e9

@@ -16,15 +16,16 @@ Batch = tuple[Tensor, Tensor]
 
 
 class Prefetcher:
-    """``get_batch(mb)`` with minibatches ``mb + 1 … mb + ahead`` made in a background thread.
+    """``get_batch(mb)`` with minibatches ``mb + stride … mb + ahead·stride`` made in a background
+    thread (``stride``: R for one replica of R, which reads every R-th minibatch of the stream).
 
     ``limit``: the number of minibatches there are (nothing is made past it). ``pin``: put every
     batch in pinned (page-locked) memory, so ``.to(cuda, non_blocking=True)`` is truly asynchronous.
     """
 
     def __init__(self, get_batch: Callable[[int], Batch], *, ahead: int = 4, pin: bool = False,
-                 limit: int | None = None):
-        self.get_batch, self.ahead, self.pin, self.limit = get_batch, ahead, pin, limit
+                 limit: int | None = None, stride: int = 1):
+        self.get_batch, self.ahead, self.pin, self.limit, self.stride = get_batch, ahead, pin, limit, stride
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="petra-prefetch")
         self.pending: dict[int, Future] = {}
 
@@ -36,8 +37,9 @@ class Prefetcher:
         future = self.pending.pop(mb, None) or self.pool.submit(self._make, mb)
         for old in [m for m in self.pending if m < mb]:  # asked out of order (a resume): drop
             self.pending.pop(old).cancel()
-        end = mb + 1 + self.ahead if self.limit is None else min(mb + 1 + self.ahead, self.limit)
-        for ahead in range(mb + 1, end):
+        end = mb + 1 + self.ahead * self.stride
+        end = end if self.limit is None else min(end, self.limit)
+        for ahead in range(mb + self.stride, end, self.stride):
             if ahead not in self.pending:
                 self.pending[ahead] = self.pool.submit(self._make, ahead)
         return future.result()

@@ -1,14 +1,23 @@
-"""The one tick runner: :class:`Pipeline` (stage workers, a schedule, a world) and how to assemble one.
+"""The one tick runner: :class:`Pipeline` (stage workers of each replica, a schedule, a replica
+rule, a world) and how to assemble one.
 
-The same runner and per-stage code (:func:`run_stage_tick`) serve the simulator (every stage in
-a :class:`~petra_core.engine.world.LocalWorld`) and each rank of a distributed run; it drains the
-pipeline once at the end and saves its in-flight state at a tick boundary. A *tick* is the
-pipeline's unit of time; a *step* is a worker's optimizer update (one per k backward passes).
+The same runner and per-stage code (:func:`run_stage_tick`) serve the simulator (every replica
+and stage in a :class:`~petra_core.engine.world.LocalWorld`) and each rank of a distributed run.
+A *tick* is the pipeline's unit of time: every stage copy this process holds runs its forward and
+backward of the tick, then every stage copy that has accumulated k backward passes *steps* (its
+replica rule first combines the copies' gradients). The pipeline is drained once at the end and
+its in-flight state saved at a tick boundary.
+
+Replica r's minibatch t is minibatch ``t * R + r`` of the run's one stream (``get_batch``): the
+replicas' shards are disjoint and deterministic, and R replicas of batch b see exactly what one
+replica accumulating R minibatches sees.
 """
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -16,11 +25,13 @@ from torch import Tensor
 from ..methods import Method, check_method_fits, get_method
 from ..models import StagedModel
 from ..optim import Recipe, make_optimizer
-from ..schedule import Action, Schedule
+from ..replicas import ReplicaRule, get_rule
 from .messages import ForwardMsg
+from .observers import Observer
+from .schedule import Action, Schedule
 from .worker import HeadRecord, StageWorker
 
-GetBatch = Callable[[int], tuple[Tensor, Tensor]]
+GetBatch = Callable[[int], tuple[Tensor, Tensor]]  # minibatch id of the run's stream -> (images, labels)
 
 
 def check_k(k: object) -> int:
@@ -42,9 +53,11 @@ def build_workers(
     batch_size: int,
     batches_per_epoch: float,
     stages: range | None = None,
+    replica: int = 0,
 ) -> list[StageWorker]:
-    """One worker per stage (or per stage in ``stages``, for a rank of a distributed run). Stages
-    must already be on their devices."""
+    """One worker per stage (or per stage in ``stages``, for a rank of a distributed run) of one
+    replica's ``model``. Stages must already be on their devices. ``batch_size`` is what the
+    learning rate scales with: the batch of one optimizer step over all replicas."""
     method = get_method(method)
     check_method_fits(method, model)
     k = check_k(k)
@@ -54,57 +67,89 @@ def build_workers(
         opt, sched = make_optimizer(model[j], recipe, batch_size=batch_size, k=k, steps_per_epoch=batches_per_epoch / k)
         send_back = j > 0 and method.policy_for(model[j - 1], last=False).needs_output_back
         workers.append(StageWorker(model[j], j, J, method.storage_for(model[j], last=j == J - 1), opt, sched,
-                                   k=k, send_input_back=send_back))
+                                   k=k, send_input_back=send_back, replica=replica))
     return workers
 
 
-def run_stage_tick(worker: StageWorker, action: Action, world, get_batch: GetBatch | None) -> None:
-    """One tick of one stage: forward (receive, compute, send), then backward (same)."""
-    j = worker.index
+def run_stage_tick(worker: StageWorker, action: Action, world, fetch: Callable[[int, int], tuple] | None,
+                   observers: Sequence[Observer] = ()) -> None:
+    """One tick of one stage copy: forward (receive, compute, send), then backward (receive,
+    rebuild, backpropagate, send). ``fetch(replica, mb)`` gives stage 0 its minibatch."""
+    j, r = worker.index, worker.replica
     if action.forward is not None:
+        mb = action.forward
         if worker.is_first:
-            x, labels = get_batch(action.forward)
-            msg = ForwardMsg(action.forward, x, labels)
+            msg = ForwardMsg(mb, *fetch(r, mb))
         else:
-            msg = world.recv_forward(j)
-            if msg.mb != action.forward:
-                raise RuntimeError(f"stage {j}: expected activation of minibatch {action.forward}, got {msg.mb}")
+            msg = world.recv_forward(r, j)
+            if msg.mb != mb:
+                raise RuntimeError(f"stage {j}: expected activation of minibatch {mb}, got {msg.mb}")
+        for o in observers:
+            o.before("forward", worker, mb)
         out = worker.forward(msg)
+        for o in observers:
+            o.after("forward", worker, mb)
         if out is not None:
-            world.send_forward(j, out)
+            world.send_forward(r, j, out)
+            for o in observers:
+                o.sent(worker, "forward", out)
     if action.backward is not None:
-        msg = world.recv_backward(j) if worker.gradient_in else None
-        out = worker.backward(action.backward, msg)
+        mb = action.backward
+        msg = world.recv_backward(r, j) if worker.gradient_in else None
+        for o in observers:
+            o.before("rebuild", worker, mb)
+        graph = worker.rebuild(mb, msg)
+        for o in observers:
+            o.after("rebuild", worker, mb)
+            o.before("backward", worker, mb)
+        out = worker.backward(mb, msg, graph)
+        del graph
+        for o in observers:
+            o.after("backward", worker, mb)
         if out is not None:
-            world.send_backward(j, out)
+            world.send_backward(r, j, out)
+            for o in observers:
+                o.sent(worker, "backward", out)
+
+
+@dataclass
+class Replica:
+    """One replica's copy of the model and the workers of the stages this process holds of it."""
+
+    index: int
+    model: StagedModel
+    workers: list[StageWorker]
 
 
 def assemble(model: StagedModel, method: str | Method, world, *, num_batches: int, get_batch: GetBatch | None,
              batch_size: int, k: int = 1, recipe: Recipe = Recipe(), batches_per_epoch: float | None = None,
              placement="even", measure: Callable | None = None, sample: tuple[Tensor, Tensor] | None = None,
-             sync_timing: bool = False) -> dict:
+             sync_timing: bool = False, rule: str | ReplicaRule | None = None) -> dict:
     """The parts of a :class:`Pipeline` of ``model`` in ``world``: ``Pipeline(**assemble(...))``.
 
-    Every rank calls it alike, with an identical ``model`` (same seed; ranks check they agree).
-    Rank 0 decides the placement (``"even"``, ranges like ``"0-3,4-9"``, or ``"balanced"``: costs
-    from ``measure(model, sample or get_batch(0), method=, device=)``, e.g.
-    :func:`petra_core.accounting.measure_stage_costs`). This process's stages move to their devices
-    (``world.device_for``) and get workers; ``get_batch`` is called only where stage 0 lives.
+    ``num_batches`` and ``batches_per_epoch`` count each replica's minibatches. Every rank calls
+    it alike, with an identical ``model`` (same seed; ranks check they agree); each replica this
+    process holds gets its own copy of it. Rank 0 decides the placement of stages on the pipeline
+    positions (``"even"``, ranges like ``"0-3,4-9"``, or ``"balanced"``: costs from
+    ``measure(model, sample or get_batch(0), method=, device=)``, e.g.
+    :func:`petra_core.accounting.measure_stage_costs`). This process's stages move to their
+    devices (``world.device_for``); ``get_batch`` is called only where stage 0 lives.
     """
-    from ..placement import parse_placement
+    from .placement import parse_placement
 
-    method = get_method(method)
-    J = len(model)
+    method, rule = get_method(method), get_rule(rule)
+    J, R = len(model), world.mesh.replicas
     schedule = schedule_for(method, J, num_batches)
     if world.world_size > 1:
         from .distributed.world import model_fingerprint
 
-        config = (getattr(model, "arch", None), J, method.name, num_batches, k, batch_size, model_fingerprint(model))
+        config = (getattr(model, "arch", None), J, method.name, rule.name, str(world.mesh), num_batches, k, batch_size,
+                  model_fingerprint(model))
         configs = world.all_objects(config)
         differ = [r for r, c in enumerate(configs) if c != configs[0]]
         if differ:
-            raise ValueError(f"ranks disagree on (arch, stages, method, minibatches, k, batch, weights): rank 0 has "
-                             f"{configs[0][:-1]}, ranks {differ} differ (same seed on every rank?): "
+            raise ValueError(f"ranks disagree on (arch, stages, method, rule, mesh, minibatches, k, batch, weights): "
+                             f"rank 0 has {configs[0][:-1]}, ranks {differ} differ (same seed on every rank?): "
                              + "; ".join(f"rank {r}: {configs[r][:-1]}" for r in differ))
     decision = None
     if world.is_main:
@@ -116,17 +161,19 @@ def assemble(model: StagedModel, method: str | Method, world, *, num_batches: in
                                      "petra_core.accounting.measure_stage_costs) and a sample minibatch")
                 costs = measure(model, sample if sample is not None else get_batch(0), method=method,
                                 device=world.device_for(0) or next(model.parameters()).device)
-            decision = (parse_placement(placement, J, world.world_size, costs), costs)
+            decision = (parse_placement(placement, J, world.mesh.positions, costs), costs)
         except ValueError as err:  # a bad spec: every rank raises it, none waits for the others
             decision = str(err)
     decision = world.share(decision)
     if isinstance(decision, str):
         raise ValueError(decision)
-    ranges, world.stage_costs = decision
+    ranges, stage_costs = decision
     world.connect(ranges, schedule, backward=method.gradients_cross)
-    for j in world.stages:
-        if world.device_for(j) is not None:
-            model[j].to(world.device_for(j))
+    models = {r: model if i == 0 else copy.deepcopy(model) for i, r in enumerate(world.replicas)}
+    for m in models.values():
+        for j in world.stages:
+            if world.device_for(j) is not None:
+                m[j].to(world.device_for(j))
     first = next(model[world.stages.start].parameters()).device
     if get_batch is not None and first.type != "cpu":
         user_get_batch = get_batch
@@ -134,30 +181,38 @@ def assemble(model: StagedModel, method: str | Method, world, *, num_batches: in
         def get_batch(mb: int):  # stage 0's device: labels travel with the activations
             return tuple(t.to(first, non_blocking=True) for t in user_get_batch(mb))
 
-    workers = build_workers(model, method, k=k, recipe=recipe, batch_size=batch_size,
-                            batches_per_epoch=batches_per_epoch or max(num_batches, 1), stages=world.stages)
-    return dict(workers=workers, schedule=schedule, world=world, get_batch=get_batch, model=model, method=method,
-                sync_timing=sync_timing)
+    replicas = [Replica(r, m, build_workers(m, method, k=k, recipe=recipe, batch_size=batch_size * R,
+                                            batches_per_epoch=batches_per_epoch or max(num_batches, 1),
+                                            stages=world.stages, replica=r))
+                for r, m in models.items()]
+    return dict(replicas=replicas, schedule=schedule, world=world, get_batch=get_batch, method=method, rule=rule,
+                stage_costs=stage_costs, sync_timing=sync_timing)
 
 
 class Pipeline:
-    """Runs ``workers`` (this process's stages, in order) through ``schedule`` in ``world``.
+    """Runs this process's replicas (each: its stage workers, in order) through ``schedule`` in
+    ``world``, combining the copies of a stage with ``rule`` at every step.
 
-    ``get_batch(mb)`` gives minibatch ``mb`` to stage 0 (only the process that owns it calls it).
-    ``model`` and ``method`` are kept for observers (accounting) and gathers.
+    ``get_batch(mb)`` gives minibatch ``mb`` of the run's stream to stage 0 (only a process that
+    holds stage 0 calls it). ``observers`` see every phase (:mod:`~petra_core.engine.observers`).
+    ``model`` and ``workers`` are those of this process's first replica.
     """
 
-    def __init__(self, workers: list[StageWorker], schedule: Schedule, world, *, get_batch: GetBatch | None,
-                 model: StagedModel, method: Method, sync_timing: bool = False):
-        self.workers, self.schedule, self.world = workers, schedule, world
-        self.get_batch, self.model, self.method = get_batch, model, method
+    def __init__(self, replicas: list[Replica], schedule: Schedule, world, *, get_batch: GetBatch | None,
+                 method: Method, rule: ReplicaRule | None = None, stage_costs: list[float] | None = None,
+                 sync_timing: bool = False):
+        self.replicas, self.schedule, self.world = replicas, schedule, world
+        self.get_batch, self.method, self.rule = get_batch, method, get_rule(rule)
+        self.stage_costs = stage_costs
+        self.model, self.workers = replicas[0].model, replicas[0].workers
         self.stages = world.stages
+        self.observers: list[Observer] = []
         self.tick = 0
-        world.clock = lambda: self.tick  # failure reports say where this process was
-        self.sync_timing = sync_timing and workers[0].device.type == "cuda"
+        self.sync_timing = sync_timing and self.workers[0].device.type == "cuda"
         self.wall_s = 0.0  # seconds spent in this process's ticks
         self.tick_ends: list[float] = []  # perf_counter() at the end of each tick
-        model.train()
+        for rep in replicas:
+            rep.model.train()
 
     @property
     def rank(self) -> int:
@@ -168,30 +223,48 @@ class Pipeline:
         return self.world.world_size
 
     @property
+    def placement(self) -> list[range]:
+        return self.world.placement
+
+    @property
     def done(self) -> bool:
         return self.tick >= self.schedule.num_ticks
 
     # ---- running ----------------------------------------------------------------------------------
+    def fetch(self, replica: int, mb: int):
+        """Replica ``replica``'s minibatch ``mb``: minibatch ``mb * R + replica`` of the stream."""
+        global_mb = mb * self.world.mesh.replicas + replica
+        batch = self.get_batch(global_mb)
+        for o in self.observers:
+            o.fetched(replica, global_mb, batch)
+        return batch
+
     def advance(self) -> None:
-        """Run one tick of this process's stages; after the last one, flush partial accumulation."""
+        """Run one tick of this process's stage copies, then the steps that are due; after the last
+        tick, apply every partial accumulation group."""
         if self.done:
             return
-        if not self.model.training:  # evaluation switched it off (a full train() walks every module)
-            self.model.train()
+        for rep in self.replicas:
+            if not rep.model.training:  # evaluation switched it off (a full train() walks every module)
+                rep.model.train()
         t0 = time.perf_counter()
         stage = None
         try:
             self.world.begin_tick(self.tick)
-            for worker in self.workers:
-                stage = worker.index
-                run_stage_tick(worker, self.schedule.action(self.tick, stage), self.world, self.get_batch)
+            for rep in self.replicas:
+                for worker in rep.workers:
+                    stage = worker.index
+                    run_stage_tick(worker, self.schedule.action(self.tick, stage), self.world, self.fetch,
+                                   self.observers)
             stage = None
+            self._step(lambda w: w.step_due)
+            self.world.end_tick(self.tick)
             self.tick += 1
             if self.done:
-                for worker in self.workers:
-                    stage = worker.index
-                    worker.step()  # flush a final partial accumulation group
-                stage = None
+                for rep in self.replicas:
+                    for worker in rep.workers:
+                        worker.complete_partial_group()
+                self._step(lambda w: w.pending > 0)
                 self.world.finish()
             if self.sync_timing:
                 torch.cuda.synchronize(self.workers[0].device)
@@ -205,6 +278,25 @@ class Pipeline:
             self.wall_s += t1 - t0
             self.tick_ends.append(t1)
 
+    def _step(self, due: Callable[[StageWorker], bool]) -> None:
+        """Step every stage whose copies are ``due``: launch the rule's exchanges of all of them,
+        then complete each and step its copies."""
+        launched = []
+        for i, j in enumerate(self.stages):
+            copies = [rep.workers[i] for rep in self.replicas]
+            if due(copies[0]):
+                group = self.world.replica_group(j)
+                launched.append((copies, group, self.rule.launch(copies, group)))
+        for copies, group, finish in launched:
+            finish()
+            for worker in copies:
+                for o in self.observers:
+                    o.before("step", worker, None)
+                worker.step()
+                for o in self.observers:
+                    o.after("step", worker, None)
+            self.rule.after_step(copies, group)
+
     def run(self, ticks: int | None = None) -> "Pipeline":
         end = self.schedule.num_ticks if ticks is None else min(self.tick + ticks, self.schedule.num_ticks)
         while self.tick < end:
@@ -217,26 +309,35 @@ class Pipeline:
     # ---- what it saw ------------------------------------------------------------------------------
     @property
     def head_log(self) -> list[HeadRecord]:
-        """(mb, loss, correct, n) of every minibatch the head has processed; empty where the head
-        lives elsewhere. Reading it copies the head's unread values from its device."""
-        return self.workers[-1].head_log.records() if self.workers[-1].is_last else []
+        """(mb, loss, correct, n) of every minibatch the heads of this process's replicas have
+        processed, ``mb`` the stream's minibatch id; empty where no head lives. Reading it copies the
+        heads' unread values from their devices."""
+        if not self.workers[-1].is_last:
+            return []
+        R = self.world.mesh.replicas
+        if len(self.replicas) == 1 and R == 1:
+            return self.workers[-1].head_log.records()
+        records = [r._replace(mb=r.mb * R + rep.index) for rep in self.replicas
+                   for r in rep.workers[-1].head_log.records()]
+        return sorted(records, key=lambda r: r.mb)
 
     # ---- gathers (collective: every rank calls them, in the same order) --------------------------
     def gather_object(self, obj, dst: int = 0) -> list | None:
         """Every rank's ``obj`` in rank order on rank ``dst``, None elsewhere."""
         return self.world.gather_object(obj, dst)
 
-    def stage_state_dicts(self, cpu: bool = True) -> dict[int, dict[str, Tensor]]:
-        """{stage index: state_dict} of this process's stages."""
-        return {j: {k: (v.detach().cpu() if cpu else v) for k, v in self.model[j].state_dict().items()}
+    def stage_state_dicts(self, cpu: bool = True, replica: int | None = None) -> dict[int, dict[str, Tensor]]:
+        """{stage index: state_dict} of this process's stages of ``replica`` (default: its first)."""
+        rep = self.replicas[0] if replica is None else next(r for r in self.replicas if r.index == replica)
+        return {j: {k: (v.detach().cpu() if cpu else v) for k, v in rep.model[j].state_dict().items()}
                 for j in self.stages}
 
     def gather_state_dict(self, dst: int = 0) -> dict[str, Tensor] | None:
-        """The whole model's state_dict (keys as ``model.state_dict()``) on rank ``dst``. In one
-        process: the live tensors (copy before changing the model); across ranks: CPU copies."""
+        """Replica 0's whole model state_dict (keys as ``model.state_dict()``) on rank ``dst``. In
+        one process: the live tensors (copy before changing the model); across ranks: CPU copies."""
         if self.world_size == 1:
             return self.model.state_dict()
-        parts = self.gather_object(self.stage_state_dicts(), dst)
+        parts = self.gather_object(self.stage_state_dicts() if 0 in self.world.replicas else {}, dst)
         if parts is None:
             return None
         merged = {j: sd for part in parts for j, sd in part.items()}
@@ -244,33 +345,46 @@ class Pipeline:
 
     def gather_head_log(self, dst: int = 0) -> list[HeadRecord] | None:
         logs = self.gather_object(self.head_log, dst)
-        return logs[-1] if logs is not None else None
+        return None if logs is None else sorted((r for log in logs for r in log), key=lambda r: r.mb)
 
     # ---- checkpointing ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """This process's in-flight pipeline at a tick boundary: its workers' state (storage
-        records, gradients, optimizer and scheduler) and the messages sent to its stages but not
-        yet consumed. Weights and buffers are saved separately. Every rank calls it at the same tick."""
-        from ..placement import format_placement
+        records, gradients, optimizer and scheduler), by replica and stage, and the messages sent to
+        its stages but not yet consumed. Weights and buffers are saved separately. Every rank calls
+        it at the same tick."""
+        from .placement import format_placement
 
-        return {"tick": self.tick, "rank": self.rank, "world_size": self.world_size,
+        mesh = self.world.mesh
+        return {"tick": self.tick, "rank": self.rank, "mesh": [mesh.replicas, mesh.positions],
                 "placement": format_placement(self.world.placement),
-                "workers": {w.index: w.state_dict() for w in self.workers}, "world": self.world.state_dict()}
+                "replicas": {rep.index: {w.index: w.state_dict() for w in rep.workers} for rep in self.replicas},
+                "world": self.world.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` on a fresh pipeline (after loading the stages' weights)."""
-        from ..placement import format_placement
+        from .placement import format_placement
 
-        if "transport" in state:  # written by petra 0.1's simulator
-            state = {**state, "world": state["transport"], "workers": dict(enumerate(state["workers"])),
-                     "rank": 0, "world_size": 1, "placement": format_placement(self.world.placement)}
-        if (state["world_size"], state["rank"]) != (self.world_size, self.rank):
-            raise ValueError(f"checkpoint of rank {state['rank']} of {state['world_size']} cannot be loaded on "
-                             f"rank {self.rank} of {self.world_size}")
+        state = _upgrade(state, format_placement(self.world.placement))
+        mesh = self.world.mesh
+        if (tuple(state["mesh"]), state["rank"]) != ((mesh.replicas, mesh.positions), self.rank):
+            raise ValueError(f"checkpoint of rank {state['rank']} of a {state['mesh'][0]}x{state['mesh'][1]} mesh "
+                             f"(replicas x pipeline positions) cannot be loaded on rank {self.rank} of {mesh}")
         if state["placement"] != format_placement(self.world.placement):
             raise ValueError(f"checkpoint placement {state['placement']} differs from this run's "
                              f"{format_placement(self.world.placement)}")
         self.tick = state["tick"]
-        for worker in self.workers:
-            worker.load_state_dict(state["workers"][worker.index])
+        for rep in self.replicas:
+            for worker in rep.workers:
+                worker.load_state_dict(state["replicas"][rep.index][worker.index])
         self.world.load_state_dict(state["world"])
+
+
+def _upgrade(state: dict, placement: str) -> dict:
+    """A pipeline state written by an older petra, in today's layout (one replica)."""
+    if "transport" in state:  # petra 0.1's simulator
+        state = {**state, "world": state["transport"], "workers": dict(enumerate(state["workers"])),
+                 "rank": 0, "world_size": 1, "placement": placement}
+    if "replicas" not in state:  # before the mesh: one replica, a pipeline of world_size ranks
+        state = {**state, "mesh": [1, state["world_size"]], "replicas": {0: state["workers"]}}
+    return state

@@ -1,17 +1,21 @@
-"""The single-process simulator: the :class:`~petra_core.engine.pipeline.Pipeline` of every stage in
-a :class:`~petra_core.engine.world.LocalWorld` (in-process FIFOs; the same per-stage code)."""
+"""The single-process simulator: the :class:`~petra_core.engine.pipeline.Pipeline` of every replica
+and stage in a :class:`~petra_core.engine.world.LocalWorld` (in-process FIFOs; the same per-stage
+code)."""
 from __future__ import annotations
 
 from ..methods import Method
 from ..models import StagedModel
 from ..optim import Recipe
+from ..replicas import ReplicaRule
 from .pipeline import GetBatch, Pipeline, assemble
 from .world import LocalWorld
 
 
 class Simulator(Pipeline):
-    """Run ``method`` on ``model`` for ``num_batches`` minibatches given by ``get_batch(mb)``. The
-    pipeline is drained at the end; a final partial accumulation group is applied as its mean."""
+    """Run ``method`` on ``model`` for ``num_batches`` minibatches per replica given by
+    ``get_batch(mb)`` (replica r's t-th is ``get_batch(t * replicas + r)``). The pipeline is drained
+    at the end; a final partial accumulation group is applied as its mean. ``replicas`` copies of
+    the pipeline combine their stages' gradients by ``rule`` (default ``dp``)."""
 
     def __init__(
         self,
@@ -24,18 +28,24 @@ class Simulator(Pipeline):
         k: int = 1,
         recipe: Recipe = Recipe(),
         batches_per_epoch: float | None = None,
+        replicas: int = 1,
+        rule: str | ReplicaRule | None = None,
     ):
-        super().__init__(**assemble(model, method, LocalWorld(), num_batches=num_batches, get_batch=get_batch,
-                                    batch_size=batch_size, k=k, recipe=recipe, batches_per_epoch=batches_per_epoch))
+        super().__init__(**assemble(model, method, LocalWorld(replicas=replicas), num_batches=num_batches,
+                                    get_batch=get_batch, batch_size=batch_size, k=k, recipe=recipe,
+                                    batches_per_epoch=batches_per_epoch, rule=rule))
 
 
 def simulate(model: StagedModel, method: str | Method, batches, *, k: int = 1, recipe: Recipe = Recipe(),
-             batches_per_epoch: float | None = None) -> Simulator:
-    """Train ``model`` in place with ``method`` on a list of (images, labels) minibatches."""
+             batches_per_epoch: float | None = None, replicas: int = 1, rule: str | ReplicaRule | None = None
+             ) -> Simulator:
+    """Train ``model`` in place with ``method`` on a list of (images, labels) minibatches (with
+    ``replicas``, shared out in turn: each replica trains on len(batches) // replicas of them)."""
     batches = list(batches)
-    if not batches:
-        raise ValueError("simulate needs at least one minibatch")
+    if len(batches) < replicas:
+        raise ValueError(f"simulate needs at least one minibatch per replica, got {len(batches)} for {replicas}")
     return Simulator(
-        model, method, num_batches=len(batches), get_batch=batches.__getitem__,
+        model, method, num_batches=len(batches) // replicas, get_batch=batches.__getitem__,
         batch_size=len(batches[0][1]), k=k, recipe=recipe, batches_per_epoch=batches_per_epoch,
+        replicas=replicas, rule=rule,
     ).run()

@@ -1,14 +1,16 @@
 """The stage worker: Algorithm 1 of the paper for one stage, independent of the transport.
 
 Per tick a worker runs at most one forward and one backward, on the same weights; after k
-backward passes (the head scales the loss by 1/k: the mean over k minibatches) it takes an
-optimizer *step*. What it keeps between forward and backward, and how gradients reach its
-weights, is its storage policy's business. Nothing here waits for the device: the head keeps its
+backward passes (the head scales the loss by 1/k: the mean over k minibatches) it is due for an
+optimizer *step*, which the runner takes at the end of the tick, after the replica rule has had
+its say. A backward is two calls: :meth:`StageWorker.rebuild` (the local graph: reconstruction,
+recomputation or the kept graph) and :meth:`StageWorker.backward` through it. What a worker keeps
+between forward and backward, and how gradients reach its weights, is its storage policy's
+business. Nothing here waits for the device: the head keeps its
 loss on the device (:class:`HeadLog`) and inputs from another GPU are copied asynchronously.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -16,10 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..methods import StoragePolicy
-from ..models.stage import Stage
+from ..models.stage import LocalGraph, Stage
 from .messages import BackwardMsg, ForwardMsg
-
-StepHook = Callable[["StageWorker"], None]
 
 
 class HeadRecord(NamedTuple):
@@ -70,8 +70,9 @@ class StageWorker:
         *,
         k: int,
         send_input_back: bool,
+        replica: int = 0,
     ):
-        self.stage, self.index, self.num_stages = stage, index, num_stages
+        self.stage, self.index, self.num_stages, self.replica = stage, index, num_stages, replica
         self.is_first, self.is_last = index == 0, index == num_stages - 1
         self.storage = storage
         self.optimizer, self.scheduler, self.k = optimizer, scheduler, k
@@ -82,7 +83,6 @@ class StageWorker:
         self.pending = 0  # backward passes accumulated since the last step
         self.labels: dict[int, Tensor] = {}  # head only: labels of in-flight minibatches
         self.head_log = HeadLog() if self.is_last else None
-        self.step_hooks: list[StepHook] = []  # called with gradients ready, before each step
         self.peak_kept: dict[str, int] = {}
         # a stage is placed on its device before its worker is built, and stays there
         self.params = list(stage.parameters())
@@ -101,9 +101,14 @@ class StageWorker:
             self.labels[msg.mb] = self._here(msg.labels)
         return None if self.is_last else ForwardMsg(msg.mb, y.detach(), msg.labels)
 
-    def backward(self, mb: int, msg: BackwardMsg | None) -> BackwardMsg | None:
+    def rebuild(self, mb: int, msg: BackwardMsg | None) -> LocalGraph:
+        """The local graph of minibatch ``mb`` (``msg``: what the next stage sent back, if anything)."""
         received = self._here(msg.activation) if msg is not None and msg.activation is not None else None
-        graph = self.storage.local_graph(self.stage, mb, received, input_grad=self.input_grad)
+        return self.storage.local_graph(self.stage, mb, received, input_grad=self.input_grad)
+
+    def backward(self, mb: int, msg: BackwardMsg | None, graph: LocalGraph) -> BackwardMsg | None:
+        """Backpropagate ``graph`` (from :meth:`rebuild`) into the weights' gradients; the message
+        for the previous stage, if one goes back."""
         labels = self.labels.pop(mb, None)
         if self.is_last:
             logits = graph.output
@@ -121,21 +126,25 @@ class StageWorker:
         if self.input_grad:
             out = BackwardMsg(mb, graph.input_grad(), graph.input_value() if self.send_input_back else None)
         self.pending += 1
-        if self.pending == self.k:
-            self.step()
         return out
 
+    @property
+    def step_due(self) -> bool:
+        """Has this stage accumulated its k backward passes?"""
+        return self.pending == self.k
+
     # ---- optimisation ---------------------------------------------------------------------------
-    def step(self) -> None:
-        """Apply the accumulated gradient. A partial group (end of training) is averaged over what it has."""
-        if self.pending == 0:
-            return
-        if self.pending < self.k:
+    def complete_partial_group(self) -> None:
+        """End of training: a partial accumulation group becomes the mean over what it has."""
+        if 0 < self.pending < self.k:
             for p in self.params:
                 if p.grad is not None:
                     p.grad.mul_(self.k / self.pending)
-        for hook in self.step_hooks:
-            hook(self)
+
+    def step(self) -> None:
+        """Apply the accumulated gradient (the runner completes a partial group first)."""
+        if self.pending == 0:
+            return
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

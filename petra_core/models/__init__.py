@@ -7,6 +7,6 @@ from ..lazy import lazy
 
 _EXPORTS = {"ARCHS": "specs", "STEMS": "specs", "ArchSpec": "specs",
             "LocalGraph": "stage", "CouplingGraph": "stage", "ReversibleStage": "stage", "Stage": "stage",
-            "StagedModel": "staged", "build_model": "staged", "AuxHead": "aux", "AUX_HEADS": "aux"}
+            "StagedModel": "staged", "build_model": "staged", "AuxHead": "aux_heads", "AUX_HEADS": "aux_heads"}
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy(__name__, _EXPORTS)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .aux import AuxHead
+from .aux_heads import AuxHead
 from .blocks import DownsamplingBlock, Head, ResidualStage, ReversibleBlock, Stem
 from .spec_check import check_build_args
 from .specs import ARCHS, ArchSpec

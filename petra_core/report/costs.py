@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..runio import COST_FILES
+from ..run.runio import COST_FILES
 
 
 def load(costs_dir: str | Path) -> dict:

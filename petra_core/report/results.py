@@ -1,6 +1,6 @@
 """Gather a profile's run directories into tidy tables: the one results table the report reads.
 
-``collect(profile)`` reads every run of the profile's grid (``petra_core.grid``) and returns
+``collect(profile)`` reads every run of the profile's grid (``petra_core.workflow.grid``) and returns
 
 * ``results``  one row per run: run identity, final metrics, parameter count, resolved config, env;
 * ``history``  one row per (run, epoch): the per-epoch record of ``history.json``;
@@ -20,8 +20,9 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from .. import grid, runio
-from ..config import RunConfig
+from ..workflow import grid
+from ..run import runio
+from ..run.config import RunConfig
 
 FINAL = ["top1", "top5", "test_loss", "train_loss", "train_acc", "best_top1", "top1_last10_mean",
          "optimizer_steps", "images_per_s", "wall_time_s", "top1_bn_reestimated"]

@@ -1,4 +1,4 @@
-"""Shared by every rule: the selected profile, its grid (petra_core.grid, never a hand-written
+"""Shared by every rule: the selected profile, its grid (petra_core.workflow.grid, never a hand-written
 path) and the targets of the pipeline."""
 
 import json
@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 from petra_core import grid
-from petra_core.config import WATCH_KEYS
+from petra_core.run.config import WATCH_KEYS
 from petra_core.reference import REFERENCE_FILE
 from petra_core.report.results import RESULT_FILES
 from petra_core import runio
-from petra_core.runio import COST_FILES
+from petra_core.run.runio import COST_FILES
 
 # `petra` of the interpreter that runs Snakemake, also when its virtual environment is not active.
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])

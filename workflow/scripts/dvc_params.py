@@ -2,7 +2,7 @@
 
 dvc.yaml reads params.yaml as its variables (the profile and its file) and tracks its `train`
 section as params of the `results` stage. The grid itself stays in
-workflow/config/profiles/PROFILE.yaml, read through petra_core.grid like Snakemake reads it; the
+workflow/config/profiles/PROFILE.yaml, read through petra_core.workflow.grid like Snakemake reads it; the
 `results` stage also depends on the profile file itself.
 
     .venv/bin/python workflow/scripts/dvc_params.py                 # the profile of workflow/config/config.yaml
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from petra_core import grid
-from petra_core.config import WATCH_KEYS
+from petra_core.workflow import grid
+from petra_core.run.config import WATCH_KEYS
 
 CONFIG = Path("workflow/config/config.yaml")
 OUT = Path("params.yaml")

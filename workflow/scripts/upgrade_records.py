@@ -18,9 +18,10 @@ from pathlib import Path
 
 import yaml
 
-from petra_core import build_model, runio
-from petra_core.config import RunConfig
-from petra_core.runtime import load_data
+from petra_core.run import runio
+from petra_core import build_model
+from petra_core.run.config import RunConfig
+from petra_core.run.session import load_data
 
 FIELDS = ("params", "aux_params", "stages", "stage_kinds")
 

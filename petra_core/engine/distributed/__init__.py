@@ -4,7 +4,7 @@
 reports), ``transport`` (stage messages point to point), ``wire`` (their format), ``failures``
 (:class:`PipelineError`, the shared failure key, heartbeats), ``pipeline``
 (:class:`DistributedPipeline`: the one runner in a distributed world). Processes are started and
-joined by ``petra_core.launch``; ``petra train ... runtime=distributed`` under torchrun is the
+joined by ``petra_core.engine.launch``; ``petra train ... runtime=distributed`` under torchrun is the
 training entry point. See docs/distributed.md.
 """
 from .failures import DEFAULT_TIMEOUT, FAILURE_KEY, FailureWatch, PipelineError

@@ -90,38 +90,47 @@ class _Receiver:
 
 
 class DistributedTransport:
-    """Sends and receives between stages on different ranks (``placement[r]``: rank r's stages).
+    """Sends and receives between stages of one replica on different ranks (``placement[p]``: the
+    stages of pipeline position p; this rank is ``position`` of ``replica`` in ``mesh``).
     :meth:`begin_tick` posts a tick's receives and retires old sends; :meth:`finish` ends the run."""
 
-    def __init__(self, placement: Sequence[range], schedule, *, rank: int, device: torch.device,
-                 timeout: float = DEFAULT_TIMEOUT, groups: dict | None = None, on_failure=None, backward: bool = True):
-        self.placement, self.schedule, self.rank = list(placement), schedule, rank
+    def __init__(self, placement: Sequence[range], schedule, *, position: int, device: torch.device,
+                 mesh=None, replica: int = 0, timeout: float = DEFAULT_TIMEOUT, groups: dict | None = None,
+                 on_failure=None, backward: bool = True, name_stage=None):
+        from ..world import Mesh
+
+        self.placement, self.schedule, self.position = list(placement), schedule, position
+        self.mesh = mesh if mesh is not None else Mesh(1, len(self.placement))
+        rank_of = lambda p: self.mesh.rank(replica, p)  # noqa: E731
+        self.rank = rank_of(position)
         self.device, self.timeout = torch.device(device), timeout
         self.on_failure = on_failure or (lambda message: message)
-        self.owner = {j: r for r, stages in enumerate(self.placement) for j in stages}
-        self.mine = self.placement[rank]
+        self.name_stage = name_stage or (lambda stage, p: f"stage {stage} (rank {rank_of(p)})")
+        self.owner = {j: p for p, stages in enumerate(self.placement) for j in stages}
+        self.mine = self.placement[position]
         self.stats = TransportStats()
         self.sends: deque = deque()  # (tick, edge, mb, works, tensors)
         self.tick = -1
         self.backend = dist.get_backend() if dist.is_initialized() else "gloo"
-        groups = groups if groups is not None else edge_groups(len(self.placement), timeout)
+        groups = groups if groups is not None else edge_groups(self.mesh, timeout)
         J, lo, hi = schedule.num_stages, self.mine.start, self.mine.stop - 1
+        rank, nxt, prev = self.rank, rank_of(position + 1), rank_of(position - 1)
         self.out: dict[int, _Edge] = {}  # by direction
         self.receivers: dict[int, _Receiver] = {}  # by direction
         if hi + 1 < J:
-            self.out[FORWARD] = _Edge(FORWARD, hi, hi + 1, rank + 1, groups[FORWARD, rank])
+            self.out[FORWARD] = _Edge(FORWARD, hi, hi + 1, nxt, groups[FORWARD, rank])
         if hi + 1 < J and backward:
             self.receivers[BACKWARD] = _Receiver(
-                _Edge(BACKWARD, hi + 1, hi, rank + 1, groups[BACKWARD, rank + 1]), self.device, self.stats)
+                _Edge(BACKWARD, hi + 1, hi, nxt, groups[BACKWARD, nxt]), self.device, self.stats)
         if lo > 0:
-            self.out[BACKWARD] = _Edge(BACKWARD, lo, lo - 1, rank - 1, groups[BACKWARD, rank])
+            self.out[BACKWARD] = _Edge(BACKWARD, lo, lo - 1, prev, groups[BACKWARD, rank])
             self.receivers[FORWARD] = _Receiver(
-                _Edge(FORWARD, lo - 1, lo, rank - 1, groups[FORWARD, rank - 1]), self.device, self.stats)
+                _Edge(FORWARD, lo - 1, lo, prev, groups[FORWARD, prev]), self.device, self.stats)
         self.ready: dict[int, deque] = {direction: deque() for direction in self.receivers}  # received, unconsumed
 
     # -- naming ---------------------------------------------------------------------------------
     def where(self, stage: int) -> str:
-        return f"stage {stage} (rank {self.owner[stage]})"
+        return self.name_stage(stage, self.owner[stage])
 
     def _fail(self, message: str) -> PipelineError:
         return PipelineError(self.on_failure(message))
@@ -282,17 +291,19 @@ class DistributedTransport:
 _GROUPS: dict = {}
 
 
-def edge_groups(world_size: int, timeout: float = DEFAULT_TIMEOUT) -> dict[tuple[int, int], object]:
-    """One process group per direction per pair of neighbouring ranks. Keys: (FORWARD, r) for
-    r -> r+1, (BACKWARD, r) for r -> r-1. Collective the first time (every rank calls it, in the
-    same order); cached for the current default process group after that."""
+def edge_groups(mesh, timeout: float = DEFAULT_TIMEOUT) -> dict[tuple[int, int], object]:
+    """One process group per direction per pair of neighbouring ranks of each replica of ``mesh``.
+    Keys: (FORWARD, g) for g -> g+1, (BACKWARD, g) for g -> g-1 (global ranks). Collective the first
+    time (every rank calls it, in the same order); cached for the current default process group."""
     world = dist.group.WORLD
-    if _GROUPS.get("world") is not world or _GROUPS.get("key") != (world_size, timeout):
+    key = (mesh.replicas, mesh.positions, timeout)
+    if _GROUPS.get("world") is not world or _GROUPS.get("key") != key:
         groups = {}
         td = datetime.timedelta(seconds=timeout)
-        for r in range(world_size - 1):
-            groups[FORWARD, r] = dist.new_group([r, r + 1], timeout=td)
-            groups[BACKWARD, r + 1] = dist.new_group([r, r + 1], timeout=td)
-        _GROUPS.update(world=world, key=(world_size, timeout), groups=groups)
+        for replica in range(mesh.replicas):
+            for p in range(mesh.positions - 1):
+                g = mesh.rank(replica, p)
+                groups[FORWARD, g] = dist.new_group([g, g + 1], timeout=td)
+                groups[BACKWARD, g + 1] = dist.new_group([g, g + 1], timeout=td)
+        _GROUPS.update(world=world, key=key, groups=groups)
     return _GROUPS["groups"]
-

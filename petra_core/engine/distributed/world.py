@@ -1,10 +1,15 @@
-"""The world of a distributed pipeline: this rank, its transport, and the collectives of the run.
+"""The world of a distributed pipeline: this rank's cell of the mesh, its transport, and the
+collectives of the run.
 
-:class:`DistributedWorld` makes :class:`~petra_core.engine.world.LocalWorld`'s calls work across
-ranks. Stage messages go point to point (``transport.py``); the run's own collectives (gathers,
-``share``, ``together``, the per-tick ``agree``) use two gloo groups, one bounded by ``timeout``
-like every wait of the pipeline, one generously (rank 0 may prepare data or write a checkpoint
-while the others wait). A collective that breaks names the rank that is gone (``failures.py``).
+:class:`DistributedWorld` makes the :class:`~petra_core.engine.world.World` contract work across
+ranks. The ranks form a device mesh (``torch.distributed.device_mesh.init_device_mesh``) of R
+replicas × P pipeline positions with named axes ("replica", "pipeline"); rank ``r * P + p`` is
+position p of replica r. Stage messages go point to point within a replica (``transport.py``);
+the copies of a stage meet in the replica axis' process group (:class:`DistributedReplicaGroup`);
+the run's own collectives (gathers, ``share``, ``together``, the per-tick ``agree``) span the
+world in two gloo groups, one bounded by ``timeout`` like every wait of the pipeline, one
+generously (rank 0 may prepare data or write a checkpoint while the others wait). A collective
+that breaks names the rank that is gone by its mesh coordinate (``failures.py``).
 """
 from __future__ import annotations
 
@@ -15,8 +20,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ...placement import format_stages
-from ..world import LocalWorld
+from ..placement import format_stages
+from ..world import LocalWorld, Mesh
 from .failures import DEFAULT_TIMEOUT, FailureWatch, PipelineError, is_timeout, short
 from .transport import DistributedTransport
 
@@ -32,28 +37,64 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-class DistributedWorld(LocalWorld):
-    """This rank of a run over torch.distributed: the process group must exist
-    (:func:`petra_core.launch.init_distributed` joins it from torchrun's environment). Messages
-    between two stages of this rank stay in its local FIFOs (:class:`LocalWorld`)."""
+class DistributedReplicaGroup:
+    """The R copies of this rank's stages, one per replica: the replica axis of the device mesh."""
 
-    def __init__(self, device: torch.device | str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
-                 control_timeout: float = CONTROL_TIMEOUT):
+    def __init__(self, group, size: int, collective: Callable):
+        self.group, self.size, self.collective = group, size, collective
+
+    def all_reduce_mean(self, tensors: list) -> Callable[[], None]:
+        (t,) = tensors
+        work = self.collective("averaging gradients with the other replicas",
+                               lambda: dist.all_reduce(t, group=self.group, async_op=True))
+
+        def wait() -> None:
+            self.collective("averaging gradients with the other replicas", work.wait)
+            t.div_(self.size)
+
+        return wait
+
+
+class DistributedWorld(LocalWorld):
+    """This rank's cell of the mesh of a run over torch.distributed (``replicas`` × world_size /
+    ``replicas``): the process group must exist (:func:`petra_core.engine.launch.init_distributed`
+    joins it from torchrun's environment). Messages between two stages of this rank stay in its
+    local FIFOs (:class:`LocalWorld`)."""
+
+    def __init__(self, device: torch.device | str | None = None, *, replicas: int = 1,
+                 timeout: float = DEFAULT_TIMEOUT, control_timeout: float = CONTROL_TIMEOUT):
         super().__init__()
         if not dist.is_initialized():
-            raise RuntimeError("a DistributedWorld needs a process group: call petra_core.launch.init_distributed()")
+            raise RuntimeError("a DistributedWorld needs a process group: call "
+                               "petra_core.engine.launch.init_distributed()")
         self.backend = dist.get_backend()
         if device is None:  # NCCL: the GPU this process set (init_distributed); gloo: the CPU
             device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else "cpu"
         self.device = torch.device(device)
         self.timeout = timeout
+        self.tick = 0  # where this rank is, for failure reports (begin_tick)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1 or self.world_size % replicas:
+            raise ValueError(f"replicas={replicas!r} must be a divisor of the number of ranks ({self.world_size}): "
+                             f"the mesh is replicas x pipeline positions")
+        self.mesh = Mesh(replicas, self.world_size // replicas)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.device_mesh = init_device_mesh("cuda" if self.device.type == "cuda" else "cpu",
+                                            (self.mesh.replicas, self.mesh.positions),
+                                            mesh_dim_names=("replica", "pipeline"))
+        self.replica, self.position = self.device_mesh.get_coordinate()
+        if (self.replica, self.position) != self.mesh.coordinate(self.rank):
+            raise RuntimeError(f"device mesh puts rank {self.rank} at {(self.replica, self.position)}, petra expects "
+                               f"{self.mesh.coordinate(self.rank)}")
+        self.replicas = range(self.replica, self.replica + 1)
         self.is_main = self.rank == 0
+        self._group = DistributedReplicaGroup(self.device_mesh.get_group("replica"), replicas, self._collective)
         self.tick_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
         self.control = dist.new_group(backend="gloo",
                                       timeout=datetime.timedelta(seconds=max(control_timeout, timeout)))
         self.transport: DistributedTransport | None = None
-        self.watch = FailureWatch(self.rank, self.describe, lambda: self.clock())
+        self.watch = FailureWatch(self.rank, self.describe, lambda: self.tick)
         if self.world_size > 1:
             self.watch.start()  # heartbeats from now on: a rank that dies even at start-up gets named
 
@@ -61,40 +102,68 @@ class DistributedWorld(LocalWorld):
     def stats(self):
         return self.transport.stats if self.transport is not None else None
 
+    @property
+    def stages(self) -> range:
+        return self.placement[self.position]
+
     def describe(self) -> str:
-        return f"rank {self.rank}" + (f" ({format_stages(self.stages)})" if self.placement else "")
+        return self.name_rank(self.rank)
 
     def device_for(self, stage: int) -> torch.device:
         return self.device
 
     def name_rank(self, rank: int) -> str:
-        return f"rank {rank}" + (f" ({format_stages(self.placement[rank])})" if self.placement else "")
+        """``rank 3 (replica 1, stages 5-9)``; without replicas ``rank 1 (stages 5-9)``."""
+        replica, position = self.mesh.coordinate(rank)
+        where = [f"replica {replica}"] if self.mesh.replicas > 1 else []
+        if self.placement:
+            where.append(format_stages(self.placement[position]))
+        return f"rank {rank}" + (f" ({', '.join(where)})" if where else "")
+
+    def name_stage(self, stage: int, position: int) -> str:
+        """``stage 7 of replica 1 (rank 3)``; without replicas ``stage 7 (rank 1)``."""
+        of = f" of replica {self.replica}" if self.mesh.replicas > 1 else ""
+        return f"stage {stage}{of} (rank {self.mesh.rank(self.replica, position)})"
+
+    def replica_group(self, stage: int) -> DistributedReplicaGroup:
+        return self._group
 
     def connect(self, placement: Sequence[range], schedule, backward: bool = True) -> None:
         """Open this rank's edges to its neighbours (``backward``: gradients flow back too)."""
         self.placement = list(placement)
         self.transport = self._collective("opening the pipeline's connections", lambda: DistributedTransport(
-            self.placement, schedule, rank=self.rank, device=self.device, timeout=self.timeout,
-            on_failure=self.report, backward=backward))
+            self.placement, schedule, position=self.position, mesh=self.mesh, replica=self.replica,
+            device=self.device, timeout=self.timeout, on_failure=self.report, backward=backward,
+            name_stage=self.name_stage))
         self._collective("opening the pipeline's connections", lambda: dist.barrier(group=self.control))
 
     # ---- transport: local FIFOs within this rank, point to point across ranks -----------------
-    def send_forward(self, src, msg):
-        (super() if src + 1 in self.stages else self.transport).send_forward(src, msg)
+    def send_forward(self, replica, src, msg):
+        if src + 1 in self.stages:
+            super().send_forward(replica, src, msg)
+        else:
+            self.transport.send_forward(src, msg)
 
-    def recv_forward(self, dst):
-        return (super() if dst - 1 in self.stages else self.transport).recv_forward(dst)
+    def recv_forward(self, replica, dst):
+        return super().recv_forward(replica, dst) if dst - 1 in self.stages else self.transport.recv_forward(dst)
 
-    def send_backward(self, src, msg):
-        (super() if src - 1 in self.stages else self.transport).send_backward(src, msg)
+    def send_backward(self, replica, src, msg):
+        if src - 1 in self.stages:
+            super().send_backward(replica, src, msg)
+        else:
+            self.transport.send_backward(src, msg)
 
-    def recv_backward(self, dst):
-        return (super() if dst + 1 in self.stages else self.transport).recv_backward(dst)
+    def recv_backward(self, replica, dst):
+        return super().recv_backward(replica, dst) if dst + 1 in self.stages else self.transport.recv_backward(dst)
 
     def begin_tick(self, tick: int) -> None:
+        self.tick = tick
         if self.watch.failed is not None:
             raise PipelineError(self.watch.failed)
         self.transport.begin_tick(tick)
+
+    def end_tick(self, tick: int) -> None:
+        self.tick = tick + 1  # between ticks a rank is at the next one
 
     def finish(self) -> None:
         self.transport.finish()  # the watchdog keeps watching until close()
@@ -135,7 +204,7 @@ class DistributedWorld(LocalWorld):
             who = ", ".join(self.name_rank(r) for r in silent) or "another rank"
             state = f"stopped responding: timed out after {self.timeout:g} s" if is_timeout(err) and not silent \
                 else "failed or was killed"
-            when = "" if "tick" in what else f" (tick {self.clock()})"
+            when = "" if "tick" in what else f" (tick {self.tick})"
             raise PipelineError(self.report(f"petra: {who} {state} while {self.describe()} was {what}{when} "
                                             f"({short(err)})")) from err
 
@@ -209,5 +278,5 @@ class DistributedWorld(LocalWorld):
             return None
         if self.transport is not None:
             self.transport.close()
-        where = f"stage {stage} (rank {self.rank})" if stage is not None else self.describe()
+        where = self.name_stage(stage, self.position) if stage is not None else self.describe()
         return PipelineError(self.report(f"petra: {where} failed at tick {tick}: {type(err).__name__}: {short(err)}"))

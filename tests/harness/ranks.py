@@ -1,9 +1,9 @@
-"""The distributed pipeline on random data: ``python -m petra_core.demo`` (a command, not imported
-by ``import petra_core``).
+"""The rank program of the distributed tests and benchmarks: a pipeline on random data, with fault
+injection, gathered weights and per-rank timings.
 
-Launch with ``torchrun --nproc-per-node=N -m petra_core.demo ...`` or with ``--spawn N`` (local
-processes on 127.0.0.1). Also the fault-injection harness of the tests and the distributed
-benchmark.
+Launch with ``torchrun --nproc-per-node=N tests/harness/ranks.py ...`` or with ``--spawn N`` (local
+processes on 127.0.0.1). ``demo_setup`` builds the same model, data and recipe in the test
+process, for the simulator the ranks are compared with.
 """
 from __future__ import annotations
 
@@ -20,14 +20,17 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .accounting import measure_stage_costs
-from .engine.distributed import DEFAULT_TIMEOUT, DistributedPipeline, PipelineError
-from .engine.pipeline import GetBatch
-from .placement import format_stages
-from .launch import fail, init_distributed, launch_local
-from .placement import format_placement
-from .models import StagedModel
-from .optim import Recipe
+from petra_core.accounting import measure_stage_costs
+from petra_core.engine.distributed import DEFAULT_TIMEOUT, DistributedPipeline, PipelineError
+from petra_core.engine.observers import Observer
+from petra_core.engine.pipeline import GetBatch
+from petra_core.engine.placement import format_stages
+from petra_core.engine.launch import fail, init_distributed, launch_local
+from petra_core.engine.placement import format_placement
+from petra_core.models import StagedModel
+from petra_core.optim import Recipe
+
+RANKS = __file__  # the program to launch: python RANKS ARGS, torchrun RANKS ARGS
 
 
 def synthetic_batch(seed: int, mb: int, batch: int, image_size: int, num_classes: int) -> tuple[Tensor, Tensor]:
@@ -39,7 +42,7 @@ def synthetic_batch(seed: int, mb: int, batch: int, image_size: int, num_classes
 
 def demo_setup(args: argparse.Namespace) -> tuple[StagedModel, GetBatch, Recipe]:
     """Model (seeded), data and recipe of the demo run; the tests rebuild the same for the simulator."""
-    from .models import build_model
+    from petra_core.models import build_model
 
     torch.manual_seed(args.seed)
     model = build_model(args.arch, num_classes=args.num_classes, width=args.width, stem=args.stem,
@@ -54,7 +57,7 @@ def demo_setup(args: argparse.Namespace) -> tuple[StagedModel, GetBatch, Recipe]
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m petra_core.demo",
+        prog="tests/harness/ranks.py",
         description="Distributed PETRA pipeline on random data (one process per rank). Launch with "
                     "torchrun --nproc-per-node=N, or with --spawn N for local processes.")
     p.add_argument("--arch", default="revnet18")
@@ -66,7 +69,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--aux-head", default=None, choices=["cnn", "linear"],
                    help="auxiliary heads on the stages (needed by local, fg-local-w, fg-local-a)")
     p.add_argument("--k", type=int, default=1, help="gradient accumulation")
-    p.add_argument("--steps", type=int, default=20, help="minibatches to train on (optimizer steps when k = 1)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="data-parallel replicas: the ranks form a mesh of replicas x (ranks / replicas) positions")
+    p.add_argument("--rule", default="dp", help="replica rule (petra_core.replicas.REPLICA_RULES)")
+    p.add_argument("--steps", type=int, default=20, help="minibatches per replica (optimizer steps when k = 1)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
@@ -84,9 +90,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fault", default=None, metavar="RANK:TICK:KIND",
                    help="fault injection at the start of tick TICK on rank RANK: kill (SIGKILL itself), "
                         "exit (os._exit(3)) or hang (stop making progress)")
+    p.add_argument("--where", default=None, metavar="PATH",
+                   help="each rank writes its RANK, LOCAL_RANK, mesh coordinate, stages and device to PATH.RANK.json")
     p.add_argument("--spawn", type=int, default=0, metavar="N",
                    help="launch N local ranks on 127.0.0.1 (instead of torchrun) and wait for them")
     return p
+
+
+class Fetched(Observer):
+    """The stream's minibatches this rank fed to stage 0."""
+
+    def __init__(self):
+        self.minibatches: list[int] = []
+
+    def fetched(self, replica: int, mb: int, batch) -> None:
+        self.minibatches.append(mb)
 
 
 @dataclass
@@ -94,6 +112,7 @@ class Timings:
     """Wall-clock of one rank's ticks, and its transport's share (seconds, bytes)."""
 
     rank: int
+    replica: int
     stages: str
     ticks: int
     wall_s: float
@@ -108,7 +127,7 @@ class Timings:
 
 def timings(pipe: DistributedPipeline) -> Timings:
     s = pipe.world.stats
-    return Timings(pipe.rank, format_stages(pipe.stages), pipe.tick, pipe.wall_s,
+    return Timings(pipe.rank, pipe.world.replica, format_stages(pipe.stages), pipe.tick, pipe.wall_s,
                    pipe.wall_s - s.recv_wait_s - s.send_s, s.recv_wait_s, s.send_s, s.background_recv_s,
                    s.bytes_sent, s.bytes_received, list(pipe.tick_ends))
 
@@ -117,6 +136,7 @@ def throughput(pipe: DistributedPipeline, timings: list[Timings], batch: int, wa
     """Images/s over the whole run, and over the window where the pipeline is full (pipelined
     schedules: ticks 2(J-1) .. n; sequential: minibatches warmup .. n, whole periods)."""
     sch, n = pipe.schedule, pipe.schedule.num_batches
+    batch = batch * pipe.world.mesh.replicas  # every replica trains on its own minibatches
     total = max(t.wall_s for t in timings)
     out = {"images_per_s": n * batch / total if total > 0 else 0.0, "wall_s": total}
     if sch.kind == "pipelined":
@@ -136,8 +156,10 @@ def _run_one(args, method: str, device: torch.device) -> None:
     model, get_batch, recipe = demo_setup(args)
     pipe = DistributedPipeline(model, method, num_batches=args.steps, get_batch=get_batch, batch_size=args.batch,
                                k=args.k, recipe=recipe, placement=args.placement, measure=measure_stage_costs,
-                               device=device,
+                               device=device, replicas=args.replicas, rule=args.rule,
                                timeout=args.timeout, sync_timing=device.type == "cuda")
+    fetched = Fetched()
+    pipe.observers.append(fetched)
     fault = None
     if args.fault:
         r, t, kind = args.fault.split(":")
@@ -155,6 +177,12 @@ def _run_one(args, method: str, device: torch.device) -> None:
             while True:  # hang: the watchdog ends the process once a neighbour reports it
                 time.sleep(1)
         pipe.advance()
+    if args.where:
+        with open(f"{args.where}.{pipe.rank}.json", "w") as f:
+            json.dump({"rank": pipe.rank, "local_rank": int(os.environ.get("LOCAL_RANK", -1)),
+                       "group_rank": int(os.environ.get("GROUP_RANK", -1)), "replica": pipe.world.replica,
+                       "position": pipe.world.position, "stages": format_stages(pipe.stages),
+                       "device": str(pipe.workers[0].device), "fetched": fetched.minibatches}, f)
     sd, log, all_timings = pipe.gather_state_dict(), pipe.gather_head_log(), pipe.gather_object(timings(pipe))
     pipe.close()
     if pipe.rank != 0:
@@ -167,7 +195,7 @@ def _run_one(args, method: str, device: torch.device) -> None:
     if "steady_window" in tp:
         steady = f", steady {tp['steady_images_per_s']:.1f} images/s ({tp['steady_window']})"
     print(f"petra distributed: {method} {args.arch} width {args.width} batch {args.batch} on {pipe.world_size} "
-          f"ranks ({device.type}), placement {format_placement(pipe.placement)}: {tp['images_per_s']:.1f} images/s"
+          f"ranks ({device.type}, mesh {pipe.world.mesh} replicas x positions), placement {format_placement(pipe.placement)}: {tp['images_per_s']:.1f} images/s"
           f"{steady}" + (f", last loss {log[-1].loss:.4f}" if log else ""), flush=True)
     for t in all_timings:
         print(f"  rank {t.rank} ({t.stages}): compute {t.compute_s:.2f} s, waiting {t.recv_wait_s:.2f} s, "
@@ -176,7 +204,8 @@ def _run_one(args, method: str, device: torch.device) -> None:
     if args.json:
         rows = [{k: v for k, v in asdict(t).items() if k != "tick_ends"} for t in all_timings]
         with open(fmt(args.json), "w") as f:
-            json.dump({"method": method, "world_size": pipe.world_size, "device": device.type,
+            json.dump({"method": method, "world_size": pipe.world_size, "replicas": pipe.world.mesh.replicas,
+                   "device": device.type,
                        "placement": format_placement(pipe.placement), "stage_costs": pipe.stage_costs,
                        **tp, "ranks": rows, "losses": [r.loss for r in log]}, f, indent=1)
 
@@ -187,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = list(sys.argv[1:] if argv is None else argv)
         rest = [a for i, a in enumerate(argv)
                 if not (a == "--spawn" or a.startswith("--spawn=") or (i > 0 and argv[i - 1] == "--spawn"))]
-        procs = launch_local(rest, args.spawn)
+        procs = launch_local(rest, args.spawn, script=__file__)
         codes = [p.returncode for p in procs]
         return 0 if all(c == 0 for c in codes) else 1
     if args.threads:

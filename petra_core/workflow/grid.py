@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import WATCH_KEYS, ConfigError, RunConfig
+from ..run.config import WATCH_KEYS, ConfigError, RunConfig
 
 RUNS_ROOT = Path("runs")
 CHECKPOINTS_ROOT = Path("checkpoints")  # the same tree as runs/, for checkpoints (DVC's, not git's)

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import yaml
 
-from .data.sources import DATASETS
-from .methods import METHODS
-from .models.aux import AUX_HEADS
-from .models.specs import ARCHS
+from ..data.sources import DATASETS
+from ..methods import METHODS
+from ..replicas import REPLICA_RULES
+from ..models.aux_heads import AUX_HEADS
+from ..models.specs import ARCHS
 
 
 _RANGES = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
@@ -76,6 +77,9 @@ class RunConfig:
     deterministic: bool = _key(True, "deterministic algorithms (bit-exact repeatability on CPU)")
     runtime: str = _key("simulator", "simulator (one process) or distributed (one process per rank, under torchrun)",
                         ("simulator", "distributed"))
+    replicas: int = _key(1, "data-parallel replicas of the pipeline (the mesh's replica axis): each trains on its own "
+                            "shard of every epoch; distributed: a divisor of the number of ranks")
+    replica_rule: str = _key("dp", "what the replicas do together around each optimizer step", tuple(REPLICA_RULES))
     placement: str = _key("even", "distributed: stages per rank: even, balanced (measured) or ranges like 0-3,4-9")
     dist_timeout: float = _key(60.0, "distributed: seconds before a silent peer is declared failed")
     fidelity_every: int = _key(0, "every N optimizer steps, compare delayed gradients with true ones (0 = off)")
@@ -127,7 +131,7 @@ class RunConfig:
             if choices and value not in choices:
                 raise ConfigError(f"{f.name}={value!r} is not allowed; allowed: {', '.join(map(str, choices))}")
         positive = ["width", "k", "epochs", "batch_size", "eval_batch_size", "synthetic_train", "synthetic_test",
-                    "eval_every"]
+                    "eval_every", "replicas"]
         if self.prefetch is not None and self.prefetch < 0:
             raise ConfigError(f"prefetch={self.prefetch!r} must be >= 0")
         for name in positive + ["subset", "threads"]:

@@ -1,7 +1,7 @@
 """Starting and ending the processes of a distributed run.
 
 :func:`init_distributed` joins the process group from torchrun's environment; :func:`launch_local`
-starts N ranks on this machine without torchrun (tests, benchmarks, the demo's ``--spawn``);
+starts N ranks on this machine without torchrun (tests, benchmarks);
 :func:`fail` ends a rank at once after a failure (no hanging in teardown).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from .engine.distributed.failures import DEFAULT_TIMEOUT, PipelineError
+from .distributed.failures import DEFAULT_TIMEOUT, PipelineError
 
 
 def default_device(backend: str | None = None) -> torch.device:
@@ -63,8 +63,10 @@ def free_port() -> int:
 
 
 def launch_local(argv: Sequence[str], nprocs: int, *, timeout: float | None = None, env: dict | None = None,
-                 capture: bool = False, module: str = "petra_core.demo") -> list[subprocess.Popen]:
-    """Run ``python -m MODULE ARGV`` as ``nprocs`` ranks on 127.0.0.1 and wait for them.
+                 capture: bool = False, module: str = "petra_core.cli",
+                 script: str | None = None) -> list[subprocess.Popen]:
+    """Run ``python -m MODULE ARGV`` (or ``python SCRIPT ARGV``) as ``nprocs`` ranks on 127.0.0.1 and
+    wait for them.
 
     Like torchrun without its agent: this process hosts the rendezvous store (so it outlives any
     rank, as torchrun's does) and sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT;
@@ -80,7 +82,8 @@ def launch_local(argv: Sequence[str], nprocs: int, *, timeout: float | None = No
                  LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
                  TORCHELASTIC_USE_AGENT_STORE="True")
         pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) if capture else {}
-        procs.append(subprocess.Popen([sys.executable, "-m", module, *argv], env=e, **pipes))
+        program = [script] if script is not None else ["-m", module]
+        procs.append(subprocess.Popen([sys.executable, *program, *argv], env=e, **pipes))
     readers = []
     if capture:
         for p in procs:

@@ -108,7 +108,7 @@ def environment(device: str) -> dict:
     """What a reader needs to interpret the run's numbers."""
     import torchvision
 
-    from . import __version__
+    from .. import __version__
 
     env = {
         "petra": __version__, "git_revision": git_revision(), "python": sys.version.split()[0],

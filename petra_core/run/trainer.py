@@ -26,9 +26,9 @@ from tqdm import tqdm
 
 from . import runio
 from .config import ConfigError, RunConfig, check_same_run
-from .data import DataError
+from ..data import DataError
 from .evaluation import evaluate, reestimate_batch_norm
-from .runtime import Runtime
+from .session import Session
 
 LOG_EVERY = 25  # ticks between reads of the head's loss log (each read waits for the device)
 
@@ -83,7 +83,7 @@ def train(cfg: RunConfig, run_dir: str | Path, *, checkpoint_dir: str | Path | N
         log(f"{run_dir}: already finished")
         return runio.json.loads((run_dir / runio.METRICS).read_text())
     device = setup_runtime(cfg)
-    rt = Runtime(cfg, run_dir, device, checkpoint_dir=checkpoint_dir,
+    rt = Session(cfg, run_dir, device, checkpoint_dir=checkpoint_dir,
                  on_start=None if on_tick is None else lambda: on_tick(-1))
     ok = False
     try:
@@ -101,7 +101,7 @@ def train(cfg: RunConfig, run_dir: str | Path, *, checkpoint_dir: str | Path | N
 
 
 def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
-    pipe, B = rt.pipe, rt.batches_per_epoch
+    pipe, B, G = rt.pipe, rt.batches_per_epoch, rt.stream_batches_per_epoch  # per replica; all replicas
     epoch_end = {pipe.schedule.backward_tick((e + 1) * B - 1, 0): e for e in range(cfg.epochs)}
     history: list[dict] = []
     if rt.has_checkpoint():
@@ -147,8 +147,8 @@ def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
                 for r in records[checked:]:
                     images_done += r.n
                     if not math.isfinite(r.loss) and diverged is None:
-                        diverged = (f"training loss is {r.loss} at minibatch {r.mb} (epoch {r.mb // B + 1}, "
-                                    f"batch {r.mb % B + 1})")
+                        diverged = (f"training loss is {r.loss} at minibatch {r.mb} (epoch {r.mb // G + 1}, "
+                                    f"batch {r.mb % G + 1})")
                 checked = len(records)
                 if records:
                     bar.set_postfix(loss=f"{records[-1].loss:.3f}", img_s=f"{images_done / max(tick_time, 1e-9):.0f}")
@@ -161,9 +161,9 @@ def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
             if epoch is not None:
                 if not rt.all_finite():
                     raise Diverged(f"weights are NaN or infinite after epoch {epoch + 1} (minibatch "
-                                   f"{(epoch + 1) * B - 1}); stopped; last good checkpoint: {last_good()}")
+                                   f"{(epoch + 1) * G - 1}); stopped; last good checkpoint: {last_good()}")
                 due = (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1
-                logs = pipe.gather_object([r for r in pipe.head_log if epoch * B <= r.mb < (epoch + 1) * B])
+                logs = pipe.gather_object([r for r in pipe.head_log if epoch * G <= r.mb < (epoch + 1) * G])
                 images = pipe.gather_object(images_done)
                 model = rt.model_for_eval() if due else None
 
@@ -190,7 +190,7 @@ def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
                 raise Interrupted(f"{signalled} at tick {pipe.tick}; checkpoint written to {rt.checkpoint_path}; "
                                   f"run the same command again to resume")
     steps = pipe.workers[0].steps  # stage 0's (rank 0)
-    peaks = pipe.gather_object([sum(w.peak_kept.values()) for w in pipe.workers])
+    peaks = pipe.gather_object([sum(w.peak_kept.values()) for w in pipe.workers] if 0 in pipe.world.replicas else [])
     model = rt.model_for_eval() if cfg.bn_reestimate_batches else None
 
     def finish():
@@ -222,7 +222,7 @@ class FidelityLog:
         if every and sim.schedule.kind == "pipelined":
             import pandas as pd
 
-            from .accounting import track_fidelity
+            from ..accounting import track_fidelity
 
             self.tracker = track_fidelity(sim, every=every)
             try:  # what a resumed run had written (a file without a row yet has no header either)

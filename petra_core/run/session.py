@@ -1,18 +1,16 @@
-"""Where a training run's pipeline lives: one process (``runtime: simulator``) or one process per
-rank (``runtime: distributed``, every rank runs ``petra train`` under torchrun).
+"""The session of one training run in this process: its world, data, model and pipeline.
 
-One :class:`Runtime` serves both: it builds the run's world (a
-:class:`~petra_core.engine.world.LocalWorld`, or a ``DistributedWorld`` joined from torchrun's
-environment), the data (read on rank 0, which owns stage 0), the model (every rank builds the
-same from the seed) and the :class:`~petra_core.engine.pipeline.Pipeline`; it gives the trainer
-(``train.py``) the world's collectives, the model to evaluate and the checkpoint files.
+A run lives in one process (``runtime: simulator``) or in one process per rank (``runtime:
+distributed``, every rank runs ``petra train`` under torchrun). One :class:`Session` serves both:
+it builds the run's world (a :class:`~petra_core.engine.world.LocalWorld` holding every replica,
+or a ``DistributedWorld``: this rank's cell of the replicas × pipeline mesh, joined from
+torchrun's environment), the data (read where a replica's stage 0 lives, and on rank 0, which
+evaluates), the model (every rank builds the same from the seed) and the
+:class:`~petra_core.engine.pipeline.Pipeline`; it gives the trainer (``trainer.py``) the world's
+collectives, the model to evaluate and the checkpoint (``checkpoints.py``).
 
-A checkpoint is ``checkpoint.pt`` (in the run directory, or in a separate checkpoint directory:
-profile runs keep theirs under ``checkpoints/``, where DVC versions them): the whole model, the history, the config and the placement,
-plus the in-flight pipeline (queued activations and gradients, buffers, stashes, optimizer and
-scheduler state). In a distributed run every rank first writes its own in-flight state and
-stages to ``checkpoint-parts/rank{r}-tick{t}.pt``; rank 0's ``checkpoint.pt`` (naming the parts)
-then commits the checkpoint, and older parts are deleted after that.
+With R replicas each epoch's B minibatches are shared out in turn: replica r trains on the
+epoch's minibatches r, r + R, ... (B // R of them; the last B mod R are left out).
 """
 from __future__ import annotations
 
@@ -21,16 +19,16 @@ from pathlib import Path
 
 import torch
 
-from . import runio
-from .config import ConfigError, RunConfig, check_same_run
-from .accounting import measure_stage_costs
-from .data import DataError, Prefetcher, build_data
-from .engine import LocalWorld, Pipeline, assemble
-from .placement import format_placement
-from .models import build_model
-from .optim import Recipe
 
-PARTS = "checkpoint-parts"
+from .config import ConfigError, RunConfig
+from ..accounting import measure_stage_costs
+from ..data import DataError, Prefetcher, build_data
+from ..engine import LocalWorld, Pipeline, assemble
+from ..engine.placement import format_placement
+from ..models import build_model
+from ..optim import Recipe
+from .checkpoints import Checkpoints
+
 USER_ERRORS = (ConfigError, DataError, ValueError)  # raised by every rank together, one line each
 
 
@@ -75,30 +73,35 @@ def torchrun_command(args: list[str], nprocs: int = 2) -> str:
     return shlex.join(["torchrun", f"--nproc-per-node={nprocs}", "-m", "petra_core.cli", "train", *args])
 
 
-class Runtime:
+class Session:
     """The world, data, model and pipeline of one run, and its checkpoints."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, device: torch.device, *, checkpoint_dir: Path | None = None,
                  on_start=None):
         self.cfg, self.run_dir = cfg, run_dir
         checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else run_dir
-        self.checkpoint_path, self.parts_dir = checkpoint_dir / runio.CHECKPOINT, checkpoint_dir / PARTS
         self.pipe, self.data, self.manifest, self.prefetcher = None, None, None, None
         if cfg.runtime == "distributed":
-            from .engine.distributed import DistributedWorld
-            from .launch import init_distributed
+            from ..engine.distributed import DistributedWorld
+            from ..engine.launch import init_distributed
 
             if "WORLD_SIZE" not in os.environ:
                 raise ConfigError("runtime=distributed runs one process per rank: launch it with torchrun, "
                                   "e.g. " + torchrun_command(["CONFIG...", "runtime=distributed"]))
-            self.world = DistributedWorld(init_distributed(timeout=cfg.dist_timeout, device=device),
-                                          timeout=cfg.dist_timeout)
+            device = init_distributed(timeout=cfg.dist_timeout, device=device)
+            ranks = int(os.environ["WORLD_SIZE"])
+            if ranks % cfg.replicas:
+                raise ConfigError(f"replicas={cfg.replicas} must divide the number of ranks ({ranks}): the mesh is "
+                                  f"replicas x pipeline positions")
+            self.world = DistributedWorld(device, timeout=cfg.dist_timeout, replicas=cfg.replicas)
         else:
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 raise ConfigError(f"runtime=simulator in a launch of {os.environ['WORLD_SIZE']} processes "
                                   f"(WORLD_SIZE); add runtime=distributed, or run it as one process")
-            self.world = LocalWorld(devices=local_devices(device))
+            self.world = LocalWorld(devices=local_devices(device), replicas=cfg.replicas)
         self.is_main = self.world.is_main
+        self.checkpoints = Checkpoints(checkpoint_dir, cfg, self.world)
+        self.checkpoint_path = self.checkpoints.path
         try:
             if on_start is not None:
                 on_start()
@@ -113,45 +116,38 @@ class Runtime:
 
     def _setup(self) -> None:
         cfg, world = self.cfg, self.world
-        self.manifest = self.together(self._read_manifest)  # a checkpoint fixes the ranks and the placement
+        self.manifest = self.together(self.checkpoints.read_manifest)  # it fixes the ranks and the placement
         placement = self.manifest["placement"] if self.manifest else cfg.placement
+        reads_data = self.is_main or world.position == 0  # evaluation; a replica's stage 0
 
         def read_data():
-            if not self.is_main:
+            if not reads_data:
                 return None
             self.data = load_data(cfg)
             return self.data.train.num_batches, self.data.num_classes, self.data.stem
 
         B, num_classes, stem = world.share(self.together(read_data))
-        self.batches_per_epoch = B
+        R = cfg.replicas
+        if B < R:
+            raise ConfigError(f"replicas={R} needs at least {R} minibatches per epoch, the training set gives {B} "
+                              f"(batch_size={cfg.batch_size})")
+        self.batches_per_epoch = B // R  # each replica's
+        self.stream_batches_per_epoch = G = B // R * R  # all replicas' together: the stream's epoch
         self.model = make_model(cfg, num_classes, stem)
 
-        def get_batch(mb: int):
-            return self.data.train.batch(mb // B, mb % B)
+        def get_batch(mb: int):  # minibatch mb of the stream (replica mb % R's)
+            return self.data.train.batch(mb // G, mb % G)
 
         ahead = cfg.prefetch if cfg.prefetch is not None else (4 if cfg.device == "cuda" else 0)
-        if ahead and self.is_main:
+        if ahead and world.position == 0:
             get_batch = self.prefetcher = Prefetcher(get_batch, ahead=ahead, pin=cfg.device == "cuda",
-                                                     limit=cfg.epochs * B)
+                                                     limit=cfg.epochs * G, stride=1 if world.world_size == 1 else R)
 
         self.pipe: Pipeline = self.together(lambda: Pipeline(**assemble(
-            self.model, cfg.method, world, num_batches=cfg.epochs * B, get_batch=get_batch if self.is_main else None,
-            batch_size=cfg.batch_size, k=cfg.k, recipe=recipe_of(cfg), batches_per_epoch=B, placement=placement,
-            measure=measure_stage_costs)))
-
-    def _read_manifest(self) -> dict | None:
-        if not self.checkpoint_path.exists():
-            return None
-        manifest = runio.load_checkpoint(self.checkpoint_path)
-        written = manifest.get("runtime", "simulator")
-        if written != self.cfg.runtime:
-            raise ConfigError(f"{self.checkpoint_path} was written by runtime={written}; resume it with that runtime")
-        check_same_run(self.checkpoint_path, manifest.get("config"), self.cfg)
-        ranks = manifest.get("world_size", 1)
-        if ranks != self.world.world_size:
-            raise ConfigError(f"{self.checkpoint_path} was written by {ranks} ranks, this launch has "
-                              f"{self.world.world_size}; resume with torchrun --nproc-per-node={ranks}")
-        return manifest
+            self.model, cfg.method, world, num_batches=cfg.epochs * self.batches_per_epoch,
+            get_batch=get_batch if world.position == 0 else None, batch_size=cfg.batch_size, k=cfg.k,
+            recipe=recipe_of(cfg), batches_per_epoch=self.batches_per_epoch, placement=placement,
+            measure=measure_stage_costs, rule=cfg.replica_rule)))
 
     # ---- keeping ranks in step (trivial in one process) ------------------------------------------
     def together(self, fn):
@@ -168,7 +164,7 @@ class Runtime:
 
     def all_finite(self) -> bool:
         """Are the weights and batch-norm statistics of every stage finite? (collective)"""
-        return self.world.all_true(all(finite(self.model[j]) for j in self.pipe.stages))
+        return self.world.all_true(all(finite(rep.model[j]) for rep in self.pipe.replicas for j in self.pipe.stages))
 
     def _full_state(self) -> dict | None:
         """The whole model's state on rank 0 (gathered once per tick)."""
@@ -189,7 +185,7 @@ class Runtime:
         return self.model
 
     def environment(self) -> dict:
-        env = {"runtime": self.cfg.runtime, "world_size": self.world.world_size,
+        env = {"runtime": self.cfg.runtime, "world_size": self.world.world_size, "mesh": str(self.world.mesh),
                "placement": format_placement(self.world.placement)}
         if hasattr(self.world, "backend"):
             env["backend"] = self.world.backend
@@ -201,52 +197,16 @@ class Runtime:
 
     def load_checkpoint(self) -> list[dict]:
         manifest, self.manifest = self.manifest, None
-
-        def load():
-            if manifest.get("parts") is None:  # one process: everything in checkpoint.pt
-                self.model.load_state_dict(manifest["model"])
-                self.pipe.load_state_dict(manifest["pipeline"])
-                return
-            path = self.parts_dir / manifest["parts"][self.world.rank]
-            if not path.exists():
-                raise ConfigError(f"{path} is missing: the checkpoint of {self.checkpoint_path} is incomplete")
-            part = runio.load_checkpoint(path)
-            if part["pipeline"]["tick"] != manifest["tick"]:
-                raise ConfigError(f"{path} is of tick {part['pipeline']['tick']}, {self.checkpoint_path} of tick "
-                                  f"{manifest['tick']}")
-            for j, sd in part["stages"].items():
-                self.model[j].load_state_dict(sd)
-            self.pipe.load_state_dict(part["pipeline"])
-
-        self.together(load)
-        return manifest["history"]
+        return self.checkpoints.restore(self.pipe, manifest)
 
     def save_checkpoint(self, history: list[dict]) -> None:
-        tick, ranks = self.pipe.tick, self.world.world_size
-        pipeline = self.pipe.state_dict()  # settles the transport: nothing left on the wire
-        model = self._full_state()
-        names = None
-        if ranks > 1:
-            names = [f"rank{r}-tick{tick}.pt" for r in range(ranks)]
-            self.together(lambda: runio.save_checkpoint(self.parts_dir / names[self.world.rank], {
-                "stages": self.pipe.stage_state_dicts(), "pipeline": pipeline}))
-
-        def commit():  # rank 0, once every part is on disk
-            runio.save_checkpoint(self.checkpoint_path, {
-                "runtime": self.cfg.runtime, "world_size": ranks, "placement": format_placement(self.world.placement),
-                "tick": tick, "parts": names, "pipeline": pipeline if names is None else None,
-                "model": model, "history": history, "config": self.cfg.to_dict()})
-            if names is not None:
-                for stale in self.parts_dir.iterdir():
-                    if stale.name not in names:
-                        stale.unlink(missing_ok=True)
-
-        self.on_main(commit)
+        model = self._full_state()  # collective: before any rank writes its part
+        self.checkpoints.save(self.pipe, history, model)
 
     # ---- failures and shutdown ----------------------------------------------------------------------
     def failed(self, err: BaseException) -> None:
         """Make the other ranks stop (they may be waiting for this one)."""
-        from .engine.distributed.failures import PipelineError, short
+        from ..engine.distributed.failures import PipelineError, short
 
         if self.world.world_size > 1 and not isinstance(err, PipelineError):
             self.world.report(f"petra: rank {self.world.rank} failed: {type(err).__name__}: {short(err)}")
@@ -257,5 +217,4 @@ class Runtime:
             self.pipe.close()
         if self.prefetcher is not None:
             self.prefetcher.close()
-        if hasattr(self.world, "leave"):
-            self.world.leave(ok)
+        self.world.leave(ok)

@@ -1,0 +1,119 @@
+"""Replica rules (petra_core/replicas/) in the simulator: the dp rule against its closed form.
+
+* ``dp`` with R replicas of batch b under the sequential schedule trains exactly like one replica
+  accumulating the same R minibatches with k = R (float64, ≤ 1e-10), for backprop and PETRA's
+  sequential counterpart; batch-norm running statistics are compared separately (R replicas
+  update theirs R times as often, each from its own minibatches);
+* the replicas' shards of the stream are disjoint and cover it in turn;
+* under a pipelined method the replicas stay identical in their weights;
+* rules are looked up by name, with one-line errors.
+"""
+import copy
+
+import pytest
+import torch
+
+from petra_core import Recipe, Simulator, build_model
+from petra_core.engine.observers import Observer
+from petra_core.replicas import REPLICA_RULES, DataParallel, get_rule
+
+LR = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=True)
+
+
+def batches(n, dtype=torch.float64, batch=4, size=16, classes=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, 3, size, size, generator=g, dtype=dtype),
+             torch.randint(0, classes, (batch,), generator=g)) for _ in range(n)]
+
+
+def model(arch="revnet18", dtype=torch.float64, seed=0):
+    torch.manual_seed(seed)
+    return build_model(arch, num_classes=5, width=4).to(dtype)
+
+
+def weights(m):
+    return {k: v for k, v in m.state_dict().items() if "running" not in k and "num_batches" not in k}
+
+
+@pytest.mark.parametrize("method", ["backprop", "revbackprop"])
+@pytest.mark.parametrize("R", [2, 3])
+def test_dp_equals_one_replica_accumulating_R_minibatches(method, R):
+    steps = 3
+    data = batches(steps * R)
+    one = Simulator(model(), method, num_batches=steps * R, get_batch=data.__getitem__, batch_size=4, k=R,
+                    recipe=LR).run()
+    many = Simulator(model(), method, num_batches=steps, get_batch=data.__getitem__, batch_size=4, k=1,
+                     recipe=LR, replicas=R, rule="dp").run()
+    assert [w.steps for w in many.workers] == [w.steps for w in one.workers] == [steps] * len(one.workers)
+    reference = weights(one.model)
+    for rep in many.replicas:
+        got = weights(rep.model)
+        worst = max(float((got[k] - v).abs().max()) for k, v in reference.items())
+        assert worst <= 1e-10, f"replica {rep.index}: max |Δw| = {worst:g}"
+    # running statistics: each replica updated its own once per step, from its own minibatches
+    for rep in many.replicas:
+        tracked = [v for k, v in rep.model.state_dict().items() if k.endswith("num_batches_tracked")]
+        assert all(int(t) == steps for t in tracked)
+    assert all(int(v) == steps * R for k, v in one.model.state_dict().items() if k.endswith("num_batches_tracked"))
+
+
+def test_replica_shards_are_disjoint_and_cover_the_stream_in_turn():
+    seen = []
+
+    class Fetched(Observer):
+        def fetched(self, replica, mb, batch):
+            seen.append((replica, mb))
+
+    data = batches(12, dtype=torch.float32)
+    sim = Simulator(model(dtype=torch.float32), "petra", num_batches=4, get_batch=data.__getitem__, batch_size=4,
+                    replicas=3)
+    sim.observers.append(Fetched())
+    sim.run()
+    assert sorted(mb for _, mb in seen) == list(range(12))
+    assert all(mb % 3 == r for r, mb in seen)
+    assert [r.mb for r in sim.head_log] == list(range(12))
+
+
+@pytest.mark.parametrize("method", ["petra", "delayed", "dsp"])
+def test_dp_replicas_stay_identical_under_a_pipelined_method(method):
+    data = batches(16, dtype=torch.float32)
+    sim = Simulator(model(dtype=torch.float32), method, num_batches=8, get_batch=data.__getitem__, batch_size=4,
+                    replicas=2, recipe=LR).run()
+    a, b = (weights(rep.model) for rep in sim.replicas)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], v) for k, v in weights(model(dtype=torch.float32)).items())
+
+
+def test_one_replica_is_the_plain_pipeline():
+    data = batches(6, dtype=torch.float32)
+    plain = Simulator(model(dtype=torch.float32), "petra", num_batches=6, get_batch=data.__getitem__,
+                      batch_size=4).run()
+    meshed = Simulator(model(dtype=torch.float32), "petra", num_batches=6, get_batch=data.__getitem__,
+                       batch_size=4, replicas=1, rule="dp").run()
+    assert all(torch.equal(v, meshed.model.state_dict()[k]) for k, v in plain.model.state_dict().items())
+
+
+def test_rules_by_name():
+    assert isinstance(get_rule("dp"), DataParallel) and isinstance(get_rule(None), DataParallel)
+    assert "dp" in REPLICA_RULES
+    with pytest.raises(ValueError, match="unknown replica rule 'cdp9'; allowed: dp"):
+        get_rule("cdp9")
+    with pytest.raises(ValueError, match="replicas must be an integer >= 1, got 0"):
+        Simulator(model(dtype=torch.float32), "backprop", num_batches=2, get_batch=batches(2).__getitem__,
+                  batch_size=4, replicas=0)
+
+
+def test_a_pipeline_is_freed_on_del():
+    import gc
+    import weakref
+
+    data = batches(4, dtype=torch.float32)
+    sim = Simulator(model(dtype=torch.float32), "petra", num_batches=2, get_batch=data.__getitem__, batch_size=4,
+                    replicas=2).run(3)
+    refs = [weakref.ref(sim), weakref.ref(sim.world), weakref.ref(sim.model)]
+    gc.disable()
+    try:
+        del sim
+        assert [r() for r in refs] == [None, None, None], "a reference cycle keeps the pipeline alive"
+    finally:
+        gc.enable()
