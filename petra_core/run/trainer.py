@@ -7,11 +7,12 @@ record is appended to ``history.json`` and a checkpoint is written. A SIGINT/SIG
 checkpoint at the end of the current tick and stops; running the same command again resumes
 exactly, in-flight activations, gradients, buffers and stashes included.
 
-The same loop drives both runtimes (``runtime.py``): the simulator (every stage in this
-process) and the distributed pipeline (one process per rank, under torchrun). In a distributed
-run every rank runs this loop on its own stages; rank 0 evaluates and writes the run files,
-and at every tick boundary the ranks agree on whether to stop, so they all checkpoint at the
-same tick.
+The same :class:`Trainer` drives both runtimes (``session.py``): the simulator (every replica
+and stage in this process) and the distributed pipeline (one process per rank, under torchrun).
+In a distributed run every rank runs its phases on its own stages; rank 0 evaluates and writes
+the run files, and at every tick boundary the ranks agree on whether to stop, so they all
+checkpoint at the same tick. With R replicas an epoch is the stream's B // R · R minibatches,
+B // R for each replica; the history counts the stream's.
 """
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def train(cfg: RunConfig, run_dir: str | Path, *, checkpoint_dir: str | Path | N
                  on_start=None if on_tick is None else lambda: on_tick(-1))
     ok = False
     try:
-        metrics = _train(rt, cfg, run_dir, on_tick, log)
+        metrics = Trainer(rt, cfg, run_dir, on_tick, log).run()
         ok = True
         return metrics
     except (Interrupted, Diverged, ConfigError, DataError):  # raised by every rank together
@@ -100,114 +101,164 @@ def train(cfg: RunConfig, run_dir: str | Path, *, checkpoint_dir: str | Path | N
         rt.close(ok)
 
 
-def _train(rt, cfg: RunConfig, run_dir: Path, on_tick, log) -> dict:
-    pipe, B, G = rt.pipe, rt.batches_per_epoch, rt.stream_batches_per_epoch  # per replica; all replicas
-    epoch_end = {pipe.schedule.backward_tick((e + 1) * B - 1, 0): e for e in range(cfg.epochs)}
-    history: list[dict] = []
-    if rt.has_checkpoint():
-        history = rt.load_checkpoint()
-        if rt.is_main:
-            if history:  # a run dir restored from a checkpoint alone gets its history back
-                runio.write_json(run_dir / runio.HISTORY, history)
-            log(f"{run_dir}: resuming at tick {pipe.tick} of {pipe.schedule.num_ticks} (epoch {len(history)})")
+class Trainer:
+    """One run's training loop in named phases: :meth:`resume`, :meth:`write_run_files`, then per
+    tick :meth:`advance` → :meth:`read_head_log` → :meth:`agree` → :meth:`end_epoch` (at an
+    epoch's last tick) → :meth:`stop_if_signalled`, and :meth:`finish`. Every rank of a
+    distributed run runs the same phases at the same ticks (the collectives keep them in step)."""
 
-    def write_run_files():
-        runio.write_yaml(run_dir / runio.CONFIG, cfg.to_dict())
-        runio.write_json(run_dir / runio.ENV, {**runio.environment(cfg.device), **rt.environment()})
+    def __init__(self, session: Session, cfg: RunConfig, run_dir: Path, on_tick=None, log=print):
+        self.rt, self.cfg, self.run_dir, self.on_tick, self.log = session, cfg, run_dir, on_tick, log
+        self.pipe = session.pipe
+        self.B, self.G = session.batches_per_epoch, session.stream_batches_per_epoch  # per replica; the stream's
+        self.epoch_end = {self.pipe.schedule.backward_tick((e + 1) * self.B - 1, 0): e for e in range(cfg.epochs)}
+        self.history: list[dict] = []
+        self.saved = {"tick": None, "epochs": 0}  # the checkpoint on disk
+        self.checked = 0  # head-log records already checked for a finite loss
+        self.tick_time, self.images_done = 0.0, 0
+        self.fidelity = None
 
-    rt.on_main(write_run_files)
-    saved = {"tick": pipe.tick if rt.checkpoint_path.exists() else None, "epochs": len(history)}  # what is on disk
+    # ---- the phases -------------------------------------------------------------------------------
+    def resume(self) -> None:
+        """Continue from the checkpoint, if there is one (weights, in-flight state, history)."""
+        rt, pipe = self.rt, self.pipe
+        if rt.has_checkpoint():
+            self.history = rt.load_checkpoint()
+            if rt.is_main:
+                if self.history:  # a run dir restored from a checkpoint alone gets its history back
+                    runio.write_json(self.run_dir / runio.HISTORY, self.history)
+                self.log(f"{self.run_dir}: resuming at tick {pipe.tick} of {pipe.schedule.num_ticks} "
+                         f"(epoch {len(self.history)})")
+        self.saved = {"tick": pipe.tick if rt.checkpoint_path.exists() else None, "epochs": len(self.history)}
+        self.fidelity = FidelityLog(self.run_dir / runio.FIDELITY, pipe, self.cfg.fidelity_every)
+        self.checked = len(pipe.head_log)
 
-    def checkpoint():
-        if saved["tick"] != pipe.tick:
-            rt.save_checkpoint(history)
-            rt.on_main(fidelity.write)  # what a resumed run starts from
-            saved.update(tick=pipe.tick, epochs=len(history))
+    def write_run_files(self) -> None:
+        def write():
+            runio.write_yaml(self.run_dir / runio.CONFIG, self.cfg.to_dict())
+            runio.write_json(self.run_dir / runio.ENV, {**runio.environment(self.cfg.device), **self.rt.environment()})
 
-    def last_good() -> str:
-        if saved["tick"] is None:
-            return "none"
-        return f"{rt.checkpoint_path} (epoch {saved['epochs']})"
+        self.rt.on_main(write)
 
-    fidelity = FidelityLog(run_dir / runio.FIDELITY, pipe, cfg.fidelity_every)
-    checked = len(pipe.head_log)
-    tick_time, images_done = 0.0, 0
-    bar = tqdm(total=pipe.schedule.num_ticks, initial=pipe.tick, disable=not (cfg.progress and rt.is_main),
-               unit="tick", desc=f"{cfg.method} {cfg.arch}")
-    with stop_on_signals() as stop, bar:
-        while not pipe.done:
-            start = time.perf_counter()
-            pipe.advance()
-            tick_time += time.perf_counter() - start
-            bar.update(1)
-            epoch = epoch_end.get(pipe.tick - 1)
-            diverged = None
-            if pipe.tick % LOG_EVERY == 0 or epoch is not None or pipe.done or stop["signal"]:  # a device->host copy
-                records = pipe.head_log  # the head's rank only
-                for r in records[checked:]:
-                    images_done += r.n
-                    if not math.isfinite(r.loss) and diverged is None:
-                        diverged = (f"training loss is {r.loss} at minibatch {r.mb} (epoch {r.mb // G + 1}, "
-                                    f"batch {r.mb % G + 1})")
-                checked = len(records)
-                if records:
-                    bar.set_postfix(loss=f"{records[-1].loss:.3f}", img_s=f"{images_done / max(tick_time, 1e-9):.0f}")
-            if on_tick is not None:
-                on_tick(pipe.tick)
-            signalled, diverged = rt.agree(stop["signal"], diverged)
-            if diverged is not None:
-                raise Diverged(f"{diverged}; stopped; last good checkpoint: {last_good()}")
-            epoch = epoch_end.get(pipe.tick - 1)
-            if epoch is not None:
-                if not rt.all_finite():
-                    raise Diverged(f"weights are NaN or infinite after epoch {epoch + 1} (minibatch "
-                                   f"{(epoch + 1) * G - 1}); stopped; last good checkpoint: {last_good()}")
-                due = (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1
-                logs = pipe.gather_object([r for r in pipe.head_log if epoch * G <= r.mb < (epoch + 1) * G])
-                images = pipe.gather_object(images_done)
-                model = rt.model_for_eval() if due else None
+    def run(self) -> dict:
+        """Every phase, from resuming to the final metrics."""
+        self.resume()
+        self.write_run_files()
+        cfg, pipe = self.cfg, self.pipe
+        bar = tqdm(total=pipe.schedule.num_ticks, initial=pipe.tick, disable=not (cfg.progress and self.rt.is_main),
+                   unit="tick", desc=f"{cfg.method} {cfg.arch}")
+        with stop_on_signals() as stop, bar:
+            while not pipe.done:
+                self.advance()
+                bar.update(1)
+                epoch = self.epoch_end.get(pipe.tick - 1)
+                diverged = None
+                if pipe.tick % LOG_EVERY == 0 or epoch is not None or pipe.done or stop["signal"]:
+                    diverged = self.read_head_log(bar)
+                if self.on_tick is not None:
+                    self.on_tick(pipe.tick)
+                signalled = self.agree(stop["signal"], diverged)
+                if epoch is not None:
+                    self.end_epoch(epoch)
+                self.stop_if_signalled(signalled)
+        return self.finish()
 
-                def record():
-                    log_records = [r for part in logs for r in part]
-                    lr = pipe.workers[0].optimizer.param_groups[0]["lr"]  # stage 0's (rank 0)
-                    entry = epoch_record(epoch, log_records, lr, model, rt.data, tick_time, sum(images))
-                    history.append(entry)
-                    runio.write_json(run_dir / runio.HISTORY, history)
-                    if due and not math.isfinite(entry["test_loss"]):
-                        return f"test loss is {entry['test_loss']} after epoch {epoch + 1}"
-                    return None
+    def advance(self) -> None:
+        start = time.perf_counter()
+        self.pipe.advance()
+        self.tick_time += time.perf_counter() - start
 
-                diverged = rt.share(rt.on_main(record))
-                if diverged is not None:
-                    raise Diverged(f"{diverged}; stopped; last good checkpoint: {last_good()}")
-                tick_time, images_done = 0.0, 0
-                checkpoint()
-            if signalled and not pipe.done:
-                if not rt.all_finite():  # a NaN loss may lie between two reads of the head's log
-                    raise Diverged(f"weights are NaN or infinite at tick {pipe.tick}; stopped; last good checkpoint: "
-                                   f"{last_good()}")
-                checkpoint()
-                raise Interrupted(f"{signalled} at tick {pipe.tick}; checkpoint written to {rt.checkpoint_path}; "
-                                  f"run the same command again to resume")
-    steps = pipe.workers[0].steps  # stage 0's (rank 0)
-    peaks = pipe.gather_object([sum(w.peak_kept.values()) for w in pipe.workers] if 0 in pipe.world.replicas else [])
-    model = rt.model_for_eval() if cfg.bn_reestimate_batches else None
+    def read_head_log(self, bar) -> str | None:
+        """Read the heads' losses (a device -> host copy); what is wrong with the first non-finite one."""
+        diverged = None
+        records = self.pipe.head_log  # where a head lives
+        for r in records[self.checked:]:
+            self.images_done += r.n
+            if not math.isfinite(r.loss) and diverged is None:
+                diverged = (f"training loss is {r.loss} at minibatch {r.mb} (epoch {r.mb // self.G + 1}, "
+                            f"batch {r.mb % self.G + 1})")
+        self.checked = len(records)
+        if records:
+            bar.set_postfix(loss=f"{records[-1].loss:.3f}", img_s=f"{self.images_done / max(self.tick_time, 1e-9):.0f}")
+        return diverged
 
-    def finish():
-        metrics = final_metrics(history, steps, [p for part in peaks for p in part])
-        metrics.update(params=rt.model.num_params(), aux_params=rt.model.num_params(aux=True), stages=len(rt.model),
-                       stage_kinds=rt.model.kinds)
-        if model is not None:
-            start = time.perf_counter()
-            test = evaluate(reestimate_batch_norm(model, rt.data.train, cfg.bn_reestimate_batches), rt.data.test)
-            metrics.update(top1_bn_reestimated=test["top1"], top5_bn_reestimated=test["top5"],
-                           test_loss_bn_reestimated=test["test_loss"],
-                           bn_reestimate_batches=min(cfg.bn_reestimate_batches, rt.data.train.num_batches),
-                           bn_reestimate_time_s=time.perf_counter() - start)
-        runio.write_json(run_dir / runio.METRICS, metrics)
-        return metrics
+    def agree(self, signal: str | None, diverged: str | None) -> str | None:
+        """Every rank's verdict on this tick: a non-finite loss anywhere stops the run; the signals."""
+        signalled, diverged = self.rt.agree(signal, diverged)
+        if diverged is not None:
+            self.diverged(diverged)
+        return signalled
 
-    return rt.share(rt.on_main(finish))
+    def end_epoch(self, epoch: int) -> None:
+        """Check the weights, evaluate when due, append the epoch's record, write a checkpoint."""
+        rt, pipe, cfg, G = self.rt, self.pipe, self.cfg, self.G
+        if not rt.all_finite():
+            self.diverged(f"weights are NaN or infinite after epoch {epoch + 1} (minibatch {(epoch + 1) * G - 1})")
+        due = (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1
+        logs = pipe.gather_object([r for r in pipe.head_log if epoch * G <= r.mb < (epoch + 1) * G])
+        images = pipe.gather_object(self.images_done)
+        model = rt.model_for_eval() if due else None
+
+        def record():
+            log_records = [r for part in logs for r in part]
+            lr = pipe.workers[0].optimizer.param_groups[0]["lr"]  # stage 0's (rank 0)
+            entry = epoch_record(epoch, log_records, lr, model, rt.data, self.tick_time, sum(images))
+            self.history.append(entry)
+            runio.write_json(self.run_dir / runio.HISTORY, self.history)
+            if due and not math.isfinite(entry["test_loss"]):
+                return f"test loss is {entry['test_loss']} after epoch {epoch + 1}"
+            return None
+
+        diverged = rt.share(rt.on_main(record))
+        if diverged is not None:
+            self.diverged(diverged)
+        self.tick_time, self.images_done = 0.0, 0
+        self.checkpoint()
+
+    def stop_if_signalled(self, signalled: str | None) -> None:
+        """A signal stops the run at this tick with a checkpoint (raises :class:`Interrupted`)."""
+        if not signalled or self.pipe.done:
+            return
+        if not self.rt.all_finite():  # a NaN loss may lie between two reads of the head's log
+            self.diverged(f"weights are NaN or infinite at tick {self.pipe.tick}")
+        self.checkpoint()
+        raise Interrupted(f"{signalled} at tick {self.pipe.tick}; checkpoint written to {self.rt.checkpoint_path}; "
+                          f"run the same command again to resume")
+
+    def finish(self) -> dict:
+        """The run's metrics (rank 0 writes metrics.json; every rank returns them)."""
+        rt, pipe, cfg = self.rt, self.pipe, self.cfg
+        steps = pipe.workers[0].steps  # stage 0's (rank 0)
+        peaks = pipe.gather_object([sum(w.peak_kept.values()) for w in pipe.workers] if 0 in pipe.world.replicas else [])
+        model = rt.model_for_eval() if cfg.bn_reestimate_batches else None
+
+        def write():
+            metrics = final_metrics(self.history, steps, [p for part in peaks for p in part])
+            metrics.update(params=rt.model.num_params(), aux_params=rt.model.num_params(aux=True),
+                           stages=len(rt.model), stage_kinds=rt.model.kinds)
+            if model is not None:
+                start = time.perf_counter()
+                test = evaluate(reestimate_batch_norm(model, rt.data.train, cfg.bn_reestimate_batches), rt.data.test)
+                metrics.update(top1_bn_reestimated=test["top1"], top5_bn_reestimated=test["top5"],
+                               test_loss_bn_reestimated=test["test_loss"],
+                               bn_reestimate_batches=min(cfg.bn_reestimate_batches, rt.data.train.num_batches),
+                               bn_reestimate_time_s=time.perf_counter() - start)
+            runio.write_json(self.run_dir / runio.METRICS, metrics)
+            return metrics
+
+        return rt.share(rt.on_main(write))
+
+    # ---- shared by the phases ---------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        if self.saved["tick"] != self.pipe.tick:
+            self.rt.save_checkpoint(self.history)
+            self.rt.on_main(self.fidelity.write)  # what a resumed run starts from
+            self.saved.update(tick=self.pipe.tick, epochs=len(self.history))
+
+    def diverged(self, what: str) -> None:
+        """Stop the run: ``what`` became NaN or infinite; the last good checkpoint is kept."""
+        last = "none" if self.saved["tick"] is None else f"{self.rt.checkpoint_path} (epoch {self.saved['epochs']})"
+        raise Diverged(f"{what}; stopped; last good checkpoint: {last}")
 
 
 class FidelityLog:
