@@ -43,7 +43,7 @@ def load_reference(name: str) -> dict:
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 
-def evaluate(expr: str | float, **names: float) -> float:
+def evaluate_formula(expr: str | float, **names: float) -> float:
     """Evaluate a Table 1 entry such as ``"2*(J-j)/k"`` (numbers, names, + - * / and brackets only)."""
     def ev(node):
         if isinstance(node, ast.Expression):

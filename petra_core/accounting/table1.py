@@ -27,7 +27,7 @@ from ..engine import Simulator
 from ..methods import METHODS, get_method
 from ..models import build_model
 from .recorder import Recorder
-from ..reference import evaluate, load_reference
+from ..reference import evaluate_formula, load_reference
 from .shapes import FLOAT32, stage_shapes
 from ..engine.schedule import staleness
 
@@ -178,6 +178,6 @@ def table1(df: pd.DataFrame, stage: int | None = None) -> list[dict]:
         for q in ("activations", "params", "comm", "flops", "time"):
             rows.append(dict(arch=r.arch, method=method, label=paper["label"] if paper else method, stage=stage, J=J,
                              j=j, quantity=q, paper_expr=str(paper[q]) if paper else "",
-                             paper=evaluate(paper[q], **names) if paper else float("nan"),
+                             paper=evaluate_formula(paper[q], **names) if paper else float("nan"),
                              measured=float(measured[q]), note=extra[q]))
     return rows

@@ -7,11 +7,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from petra_core import grid
+from petra_core.workflow import grid
 from petra_core.run.config import WATCH_KEYS
 from petra_core.reference import REFERENCE_FILE
 from petra_core.report.results import RESULT_FILES
-from petra_core import runio
+from petra_core.run import runio
 from petra_core.run.runio import COST_FILES
 
 # `petra` of the interpreter that runs Snakemake, also when its virtual environment is not active.
