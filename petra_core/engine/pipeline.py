@@ -207,6 +207,7 @@ class Pipeline:
         self.model, self.workers = replicas[0].model, replicas[0].workers
         self.stages = world.stages
         self.observers: list[Observer] = []
+        self.in_flight: dict[int, tuple] = {}  # stage index -> a launched exchange, completed before its next use
         self.tick = 0
         self.sync_timing = sync_timing and self.workers[0].device.type == "cuda"
         self.wall_s = 0.0  # seconds spent in this process's ticks
@@ -254,6 +255,8 @@ class Pipeline:
             for rep in self.replicas:
                 for worker in rep.workers:
                     stage = worker.index
+                    if stage in self.in_flight:
+                        self._complete(stage)
                     run_stage_tick(worker, self.schedule.action(self.tick, stage), self.world, self.fetch,
                                    self.observers)
             stage = None
@@ -265,6 +268,7 @@ class Pipeline:
                     for worker in rep.workers:
                         worker.complete_partial_group()
                 self._step(lambda w: w.pending > 0)
+                self.complete_steps()
                 self.world.finish()
             if self.sync_timing:
                 torch.cuda.synchronize(self.workers[0].device)
@@ -279,23 +283,37 @@ class Pipeline:
             self.tick_ends.append(t1)
 
     def _step(self, due: Callable[[StageWorker], bool]) -> None:
-        """Step every stage whose copies are ``due``: launch the rule's exchanges of all of them,
-        then complete each and step its copies."""
+        """Step every stage whose copies are ``due``: launch the rule's exchanges of all of them, then
+        complete each and step its copies. An exchange over another process (``group.overlaps``)
+        is completed later, right before the stage's next forward or backward (or a read of the
+        weights: :meth:`complete_steps`), so it overlaps with the other stages' compute; the
+        numbers are the same either way."""
         launched = []
         for i, j in enumerate(self.stages):
             copies = [rep.workers[i] for rep in self.replicas]
             if due(copies[0]):
                 group = self.world.replica_group(j)
-                launched.append((copies, group, self.rule.launch(copies, group)))
-        for copies, group, finish in launched:
-            finish()
-            for worker in copies:
-                for o in self.observers:
-                    o.before("step", worker, None)
-                worker.step()
-                for o in self.observers:
-                    o.after("step", worker, None)
-            self.rule.after_step(copies, group)
+                self.in_flight[j] = (copies, group, self.rule.launch(copies, group))
+                launched.append((j, group))
+        for j, group in launched:
+            if not getattr(group, "overlaps", False):
+                self._complete(j)
+
+    def _complete(self, stage: int) -> None:
+        copies, group, finish = self.in_flight.pop(stage)
+        finish()
+        for worker in copies:
+            for o in self.observers:
+                o.before("step", worker, None)
+            worker.step()
+            for o in self.observers:
+                o.after("step", worker, None)
+        self.rule.after_step(copies, group)
+
+    def complete_steps(self) -> None:
+        """Apply every step still waiting for its exchange (before the weights are read)."""
+        for stage in sorted(self.in_flight):
+            self._complete(stage)
 
     def run(self, ticks: int | None = None) -> "Pipeline":
         end = self.schedule.num_ticks if ticks is None else min(self.tick + ticks, self.schedule.num_ticks)
@@ -328,6 +346,7 @@ class Pipeline:
 
     def stage_state_dicts(self, cpu: bool = True, replica: int | None = None) -> dict[int, dict[str, Tensor]]:
         """{stage index: state_dict} of this process's stages of ``replica`` (default: its first)."""
+        self.complete_steps()
         rep = self.replicas[0] if replica is None else next(r for r in self.replicas if r.index == replica)
         return {j: {k: (v.detach().cpu() if cpu else v) for k, v in rep.model[j].state_dict().items()}
                 for j in self.stages}
@@ -335,6 +354,7 @@ class Pipeline:
     def gather_state_dict(self, dst: int = 0) -> dict[str, Tensor] | None:
         """Replica 0's whole model state_dict (keys as ``model.state_dict()``) on rank ``dst``. In
         one process: the live tensors (copy before changing the model); across ranks: CPU copies."""
+        self.complete_steps()
         if self.world_size == 1:
             return self.model.state_dict()
         parts = self.gather_object(self.stage_state_dicts() if 0 in self.world.replicas else {}, dst)
@@ -355,6 +375,7 @@ class Pipeline:
         it at the same tick."""
         from .placement import format_placement
 
+        self.complete_steps()
         mesh = self.world.mesh
         return {"tick": self.tick, "rank": self.rank, "mesh": [mesh.replicas, mesh.positions],
                 "placement": format_placement(self.world.placement),

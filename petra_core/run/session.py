@@ -164,6 +164,7 @@ class Session:
 
     def all_finite(self) -> bool:
         """Are the weights and batch-norm statistics of every stage finite? (collective)"""
+        self.pipe.complete_steps()
         return self.world.all_true(all(finite(rep.model[j]) for rep in self.pipe.replicas for j in self.pipe.stages))
 
     def _full_state(self) -> dict | None:

@@ -38,7 +38,10 @@ def model_fingerprint(model: torch.nn.Module) -> str:
 
 
 class DistributedReplicaGroup:
-    """The R copies of this rank's stages, one per replica: the replica axis of the device mesh."""
+    """The R copies of this rank's stages, one per replica: the replica axis of the device mesh. Its
+    collectives run while the rank computes (``overlaps``: the runner completes them late)."""
+
+    overlaps = True
 
     def __init__(self, group, size: int, collective: Callable):
         self.group, self.size, self.collective = group, size, collective
