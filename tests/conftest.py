@@ -1,6 +1,14 @@
-"""Suite-wide settings: one torch thread (tiny tensors on 2 shared cores run far faster so)."""
+"""Suite-wide settings and the tiny shared setups (test files import them: ``from conftest import ...``).
+
+* one torch thread for every test (tiny tensors on 2 shared cores run far faster so);
+* ``make_batches`` / ``make_model``: seeded random minibatches and a tiny staged model;
+* ``tiny_run`` / ``argv``: a tiny ``petra train`` config on the synthetic task, as a dict or as
+  ``key=value`` arguments; ``TIMING`` / ``untimed``: a run record without its wall-clock keys.
+"""
 import pytest
 import torch
+
+from petra_core import METHODS, build_model
 
 
 @pytest.fixture(autouse=True)
@@ -9,3 +17,43 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# ---- simulator-level setups --------------------------------------------------------------------------
+def make_batches(n, dtype=torch.float32, batch=6, size=16, classes=5, seed=0):
+    """``n`` minibatches of ``batch`` random ``size`` x ``size`` RGB images with labels in [0, classes)."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, 3, size, size, generator=g, dtype=dtype),
+             torch.randint(0, classes, (batch,), generator=g)) for _ in range(n)]
+
+
+def make_model(arch="revnet18", dtype=torch.float32, seed=0, method=None, aux_head=None):
+    """``arch`` of width 4 for 5 classes, initialised from ``seed``; auxiliary heads where ``method``
+    needs them (local learning), or as ``aux_head`` says."""
+    torch.manual_seed(seed)
+    if aux_head is None and method is not None and METHODS[method].needs_aux:
+        aux_head = "cnn"
+    return build_model(arch, num_classes=5, width=4, aux_head=aux_head).to(dtype)
+
+
+# ---- tiny `petra train` runs -------------------------------------------------------------------------
+TINY_RUN = dict(arch="revnet18", width=4, dataset="synthetic", epochs=2, threads=1, progress=False)
+TIMING = {"images_per_s", "wall_time_s", "eval_time_s", "bn_reestimate_time_s"}  # wall-clock: differ run to run
+
+
+def tiny_run(**overrides):
+    """A ``petra train`` config: 2 epochs of a width-4 revnet18 on the synthetic task, one thread, no
+    progress bar; ``overrides`` (the data set's size, the batch size, ...) are each test file's own."""
+    return {**TINY_RUN, **overrides}
+
+
+def argv(config):
+    """``config`` as ``petra train`` arguments: ``key=value``, in order."""
+    return [f"{k}={v}" for k, v in config.items()]
+
+
+def untimed(records):
+    """A run record (metrics.json, one history.json entry), or a list of them, without the ``TIMING`` keys."""
+    if isinstance(records, dict):
+        return {k: v for k, v in records.items() if k not in TIMING}
+    return [untimed(r) for r in records]

@@ -7,14 +7,17 @@ import torch
 from petra_core import Recipe, Simulator, build_model
 from petra_core.accounting import (Recorder, measure_steady_state, per_stage, stage_shapes, table1, table3,
                                    track_fidelity)
-from petra_core.reference import evaluate, load_reference
+from petra_core.reference import evaluate_formula, load_reference
 
-TINY = dict(stem="cifar", image_size=8, batch=2, width=4, num_classes=5, num_batches=2)
+from conftest import make_batches, make_model
+
+TINY_PER_STAGE = dict(stem="cifar", image_size=8, batch=2, width=4, num_classes=5, num_batches=2)  # per_stage's setup
 
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """Tiny tensors: one intra-op thread is faster and immune to other processes on shared cores."""
+    """Tiny tensors: one intra-op thread is faster and immune to other processes on shared cores.
+    Module-scoped (it overrides conftest's per-test one) so that it covers ``tiny_costs`` too."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -23,13 +26,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def tiny_costs():
-    return per_stage("revnet18", **TINY)
-
-
-def make_batches(n, batch=6, size=8, classes=5, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch, 3, size, size, generator=g), torch.randint(0, classes, (batch,), generator=g))
-            for _ in range(n)]
+    return per_stage("revnet18", **TINY_PER_STAGE)
 
 
 # ---- Table 3 ------------------------------------------------------------------------------------
@@ -136,11 +133,10 @@ def test_table1_storage_columns(tiny_costs):
 
 # ---- the recorder observes, never steers ---------------------------------------------------------
 def test_recorder_does_not_change_training():
-    batches = make_batches(6)
+    batches = make_batches(6, size=8)
     states = []
     for record in (False, True):
-        torch.manual_seed(0)
-        model = build_model("revnet18", num_classes=5, width=4)
+        model = make_model()
         sim = Simulator(model, "petra", num_batches=6, get_batch=batches.__getitem__, batch_size=6, k=2,
                         recipe=Recipe(base_lr=0.05, scale_lr=False))
         if record:
@@ -170,9 +166,8 @@ def test_recorder_does_not_change_training():
 @pytest.mark.parametrize("method", ["delayed", "dsp", "petra"])
 def test_fidelity_is_exact_with_zero_learning_rate(method):
     n, k = 8, 2
-    batches = make_batches(n)
-    torch.manual_seed(0)
-    model = build_model("revnet18", num_classes=5, width=4)
+    batches = make_batches(n, size=8)
+    model = make_model()
     sim = Simulator(model, method, num_batches=n, get_batch=batches.__getitem__, batch_size=6, k=k,
                     recipe=Recipe(base_lr=0.0, scale_lr=False))
     tracker = track_fidelity(sim, every=3)
@@ -190,9 +185,8 @@ def test_fidelity_is_exact_with_zero_learning_rate(method):
 def test_fidelity_of_replicas_is_exact_with_zero_learning_rate():
     """Two dp replicas: the stepped gradient is the mean over both replicas' minibatches of the group."""
     n, k = 8, 2
-    batches = make_batches(2 * n)
-    torch.manual_seed(0)
-    model = build_model("revnet18", num_classes=5, width=4)
+    batches = make_batches(2 * n, size=8)
+    model = make_model()
     sim = Simulator(model, "petra", num_batches=n, get_batch=batches.__getitem__, batch_size=6, k=k,
                     recipe=Recipe(base_lr=0.0, scale_lr=False), replicas=2)
     tracker = track_fidelity(sim, every=3)
@@ -207,8 +201,7 @@ def test_fidelity_of_replicas_is_exact_with_zero_learning_rate():
 def test_fidelity_sees_staleness():
     n = 22
     batches = make_batches(n, batch=4, size=4)
-    torch.manual_seed(0)
-    model = build_model("revnet18", num_classes=5, width=4)
+    model = make_model()
     sim = Simulator(model, "petra", num_batches=n, get_batch=batches.__getitem__, batch_size=6, k=1,
                     recipe=Recipe(base_lr=0.05, scale_lr=False))
     tracker = track_fidelity(sim, every=20)
@@ -224,6 +217,6 @@ def test_fidelity_sees_staleness():
 def test_paper_table1_is_data():
     t1 = load_reference("paper_table1")["methods"]
     assert list(t1) == ["backprop", "revbackprop", "delayed", "dsp", "petra"]
-    assert evaluate(t1["delayed"]["params"], J=10, j=3, k=2) == 7
+    assert evaluate_formula(t1["delayed"]["params"], J=10, j=3, k=2) == 7
     with pytest.raises(ValueError):
-        evaluate("__import__('os')", J=1)
+        evaluate_formula("__import__('os')", J=1)

@@ -119,6 +119,7 @@ COMMON = ["--arch", "revnet18", "--num-classes", "5", "--batch", "4", "--steps",
           "--lr", "0.05", "--timeout", "60"]
 
 
+@pytest.mark.slow
 def test_two_ranks_under_torchrun_match_the_simulator(tmp_path):
     argv = [*COMMON, "--width", "4", "--image-size", "16", "--method", "petra,delayed",
             "--placement", "0-4,5-9", "--save", str(tmp_path / "{method}.pt")]
@@ -131,6 +132,7 @@ def test_two_ranks_under_torchrun_match_the_simulator(tmp_path):
         assert_bit_for_bit(torch.load(tmp_path / f"{method}.pt"), simulator_state(argv, method), method)
 
 
+@pytest.mark.slow
 def test_three_ranks_balanced_placement_with_accumulation_match_the_simulator(tmp_path):
     # k = 3 over 10 minibatches: the final partial group is flushed like the simulator's
     argv = [*COMMON, "--width", "2", "--image-size", "8", "--k", "3", "--method", "petra,delayed",
@@ -142,6 +144,7 @@ def test_three_ranks_balanced_placement_with_accumulation_match_the_simulator(tm
         assert_bit_for_bit(torch.load(tmp_path / f"{method}.pt"), simulator_state(argv, method), method)
 
 
+@pytest.mark.slow
 def test_local_learning_on_two_ranks_matches_the_simulator(tmp_path):
     """local sends no backward message at all; the forward-gradient methods send true gradients."""
     argv = [*COMMON, "--width", "2", "--image-size", "8", "--aux-head", "cnn", "--method", "local,fg-local-w,fg-local-a",
@@ -158,6 +161,7 @@ FAIL = ["--arch", "revnet18", "--num-classes", "5", "--width", "2", "--image-siz
         "--threads", "1", "--method", "petra"]
 
 
+@pytest.mark.slow
 def test_killed_rank_stops_every_rank_and_is_named():
     """Rank 2 (stages 7-9) SIGKILLs itself at tick 8: ranks 1 and 0 exit non-zero within seconds;
     both name stage 7 (rank 2) — rank 0 learns it through the rendezvous store."""
@@ -173,6 +177,7 @@ def test_killed_rank_stops_every_rank_and_is_named():
         assert first.startswith("petra: stage 7 (rank 2) "), p.err
 
 
+@pytest.mark.slow
 def test_hung_rank_times_out_and_every_rank_exits():
     """Rank 1 stops making progress at tick 6 (alive, sockets open): its neighbours time out
     (timeout 4 s), report stage 4 (rank 1), and the hung rank's own watchdog ends it too."""

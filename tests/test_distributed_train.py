@@ -27,14 +27,11 @@ from petra_core.run import runio
 from petra_core.cli import main
 from petra_core.engine.launch import free_port, launch_local
 
-TINY = ["arch=revnet18", "width=4", "synthetic_train=128", "synthetic_test=64", "batch_size=16", "epochs=2",
-        "threads=1", "progress=false", "k=2", "method=petra"]
+from conftest import argv, tiny_run, untimed
+
+# PETRA with k=2, 8 minibatches of 16 an epoch: 34 ticks in all
+TINY = argv(tiny_run(synthetic_train=128, synthetic_test=64, batch_size=16, k=2, method="petra"))
 DIST = [*TINY, "runtime=distributed", "dist_timeout=60"]
-TIMING = {"images_per_s", "wall_time_s", "eval_time_s", "bn_reestimate_time_s"}
-
-
-def untimed(record):
-    return {k: v for k, v in record.items() if k not in TIMING}
 
 
 def outcome(run):
@@ -64,6 +61,7 @@ def petra_train(run, nprocs, signal_at=""):
     return [p.returncode for p in procs], [p.err for p in procs]
 
 
+@pytest.mark.slow
 def test_two_ranks_under_torchrun_match_the_simulator(tmp_path, simulated):
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
@@ -78,6 +76,7 @@ def test_two_ranks_under_torchrun_match_the_simulator(tmp_path, simulated):
     assert sorted(p.name for p in (run / "checkpoint-parts").iterdir()) == ["replica0-position0-tick34.pt", "replica0-position1-tick34.pt"]
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_bit_for_bit(tmp_path, simulated, capsys, monkeypatch):
     run = tmp_path / "run"
     signals = "1:16:SIGTERM,0:28:SIGINT"
@@ -116,6 +115,7 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, simulated, capsys, monkey
     assert sorted(p.name for p in (run / "checkpoint-parts").iterdir()) == ["replica0-position0-tick34.pt", "replica0-position1-tick34.pt"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when,tick", [("at start-up", "start"), ("between two ticks", "5"),
                                        ("after the last tick, during the final drain", "34")])
 def test_a_dead_rank_is_named_by_every_survivor(tmp_path, when, tick):
@@ -167,6 +167,7 @@ def test_the_simulators_replicas_resume_bit_for_bit(tmp_path, simulated_mesh, mo
     assert len(history) == 2  # 8 minibatches an epoch: 4 for each replica
 
 
+@pytest.mark.slow
 def test_replicas_that_do_not_divide_the_ranks_are_refused(tmp_path):
     procs = launch_local(["train", *DIST, "replicas=3", "--run-dir", str(tmp_path / "run")], 2, timeout=120,
                          capture=True, module="petra_core.cli")

@@ -12,7 +12,8 @@ from petra_core.workflow.store import artifacts, store
 
 ROOT = Path(__file__).resolve().parents[1]
 DVC = shutil.which("dvc", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-pytestmark = pytest.mark.skipif(DVC is None, reason="DVC is not installed (the `pipeline` extra)")
+pytestmark = [pytest.mark.slow,  # every test runs dvc in a subprocess
+              pytest.mark.skipif(DVC is None, reason="DVC is not installed (the `pipeline` extra)")]
 
 
 def dvc(*args, cwd=ROOT):

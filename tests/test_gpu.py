@@ -25,6 +25,8 @@ from petra_core.engine.observers import BeforeStep
 from petra_core import METHODS, Pipeline, Recipe, Simulator, build_model
 from petra_core.engine import LocalWorld, assemble
 
+from conftest import make_batches, make_model
+
 CUDA = torch.cuda.is_available()
 GPUS = torch.cuda.device_count() if CUDA else 0
 
@@ -39,18 +41,6 @@ def multi_gpu(test):
 
 LR = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=False)
 WAITS = {"item", "tolist", "__float__", "__int__", "__bool__", "__index__", "cpu", "numpy", "nonzero", "synchronize"}
-
-
-def batches(n, dtype=torch.float32, batch=6, size=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch, 3, size, size, generator=g, dtype=dtype), torch.randint(0, 5, (batch,), generator=g))
-            for _ in range(n)]
-
-
-def model_of(dtype=torch.float32, width=4, seed=0, method="petra"):
-    torch.manual_seed(seed)
-    aux = "cnn" if METHODS[method].needs_aux else None
-    return build_model("revnet18", num_classes=5, width=width, aux_head=aux).to(dtype)
 
 
 class Trace(TorchFunctionMode):
@@ -69,8 +59,8 @@ class Trace(TorchFunctionMode):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_a_tick_never_waits_for_the_device(method):
-    data = batches(30)
-    sim = Simulator(model_of(method=method), method, num_batches=30, get_batch=data.__getitem__, batch_size=6, k=2,
+    data = make_batches(30)
+    sim = Simulator(make_model(method=method), method, num_batches=30, get_batch=data.__getitem__, batch_size=6, k=2,
                     recipe=LR)
     order = []
     for w in sim.workers:
@@ -91,8 +81,8 @@ def test_a_tick_never_waits_for_the_device(method):
 
 # ---- the GPU lane ------------------------------------------------------------------------------------
 def train_on(device, dtype, method="petra"):
-    data = batches(12, dtype)
-    model = model_of(dtype).to(device)
+    data = make_batches(12, dtype)
+    model = make_model(dtype=dtype).to(device)
     Simulator(model, method, num_batches=12, get_batch=data.__getitem__, batch_size=6, k=2, recipe=LR).run()
     return {k: v.cpu() for k, v in model.state_dict().items()}
 
@@ -113,8 +103,8 @@ def test_cpu_and_cuda_simulators_agree(method, dtype, tol, monkeypatch):
 @gpu_lane
 @pytest.mark.parametrize("method", [name for name, m in METHODS.items() if not m.needs_aux])
 def test_zero_staleness_oracle_on_cuda(method):
-    data = [(x.cuda(), y.cuda()) for x, y in batches(6, torch.float64)]
-    model = model_of(torch.float64).cuda()
+    data = [(x.cuda(), y.cuda()) for x, y in make_batches(6, torch.float64)]
+    model = make_model(dtype=torch.float64).cuda()
     reference = copy.deepcopy(model)
     for x, y in data:
         (F.cross_entropy(reference(x), y) / 2).backward()
@@ -135,8 +125,8 @@ def test_zero_staleness_oracle_on_cuda(method):
 
 @gpu_lane
 def test_no_host_sync_inside_a_cuda_tick():
-    data = [(x.pin_memory(), y.pin_memory()) for x, y in batches(30)]
-    sim = Simulator(model_of().cuda(), "petra", num_batches=30, get_batch=data.__getitem__, batch_size=6, k=2,
+    data = [(x.pin_memory(), y.pin_memory()) for x, y in make_batches(30)]
+    sim = Simulator(make_model().cuda(), "petra", num_batches=30, get_batch=data.__getitem__, batch_size=6, k=2,
                     recipe=LR)
     sim.run(25)
     torch.cuda.synchronize()
@@ -149,7 +139,7 @@ def test_no_host_sync_inside_a_cuda_tick():
 
 
 def pipeline_on(devices, width=64, size=32, batch=64, n=60):
-    data = [(x.pin_memory(), y.pin_memory()) for x, y in batches(n, batch=batch, size=size)]
+    data = [(x.pin_memory(), y.pin_memory()) for x, y in make_batches(n, batch=batch, size=size)]
     model = build_model("revnet18", num_classes=10, width=width)
     return Pipeline(**assemble(model, "petra", LocalWorld(devices=devices), num_batches=n, get_batch=data.__getitem__,
                                batch_size=batch, recipe=LR))
@@ -175,6 +165,7 @@ def test_stages_spread_over_gpus_and_their_work_overlaps():
     assert many < 0.85 * one, f"{GPUS} GPUs: {many * 1e3:.1f} ms per tick, one GPU: {one * 1e3:.1f} ms (no overlap?)"
 
 
+@pytest.mark.slow
 @multi_gpu
 def test_nccl_pipeline_equals_the_simulator(tmp_path):
     from harness.ranks import RANKS, demo_setup, parser
@@ -231,6 +222,7 @@ def test_with_gpus_gives_each_claimant_gpus_of_its_own(tmp_path):
         claim(4, gpus, tmp_path, wait=0)
 
 
+@pytest.mark.slow
 def test_with_gpus_runs_the_command_on_its_gpus(tmp_path, monkeypatch):
     import subprocess
 

@@ -20,18 +20,9 @@ from petra_core.batchnorm import frozen_running_stats
 from petra_core.methods import ForwardGradient, KeepGraph, directional_derivative, project
 from petra_core.methods.local import ForwardGradientActivity, ForwardGradientWeight
 
+from conftest import make_batches, make_model
+
 LR = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=False)
-
-
-def batches(n, dtype=torch.float64, batch=6, size=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch, 3, size, size, generator=g, dtype=dtype), torch.randint(0, 5, (batch,), generator=g))
-            for _ in range(n)]
-
-
-def model_of(arch="revnet18", aux="cnn", dtype=torch.float64):
-    torch.manual_seed(0)
-    return build_model(arch, num_classes=5, width=4, aux_head=aux).to(dtype)
 
 
 def main_params(model):
@@ -44,7 +35,7 @@ def test_a_kept_graph_is_freed_after_its_backward_and_when_dropped(policy):
     """The stage output a policy keeps dies with its record, whether the backward retained the
     graph on the way (fg-local-w: it leaked about 5 MB a tick at width 16 when a saved output
     held its own grad_fn) or never ran (a record dropped in flight)."""
-    stage = model_of("resnet18")[1]
+    stage = make_model("resnet18", torch.float64, aux_head="cnn")[1]
     x, labels = torch.randn(6, 4, 16, 16, dtype=torch.float64), torch.randint(0, 5, (6,))
     for run_backward in (True, False):
         p = policy()
@@ -65,8 +56,8 @@ def test_a_kept_graph_is_freed_after_its_backward_and_when_dropped(policy):
 @pytest.mark.parametrize("arch", ["revnet18", "resnet18"])
 def test_a_forward_gradient_that_guesses_the_true_gradient_is_backprop(method, arch, monkeypatch):
     monkeypatch.setattr(ForwardGradient, "guess", lambda self, stage, graph, labels, k, wrt, target: target)
-    data = batches(6)
-    fg, bp = model_of(arch), model_of(arch)
+    data = make_batches(6, torch.float64)
+    fg, bp = make_model(arch, torch.float64, aux_head="cnn"), make_model(arch, torch.float64, aux_head="cnn")
     simulate(fg, method, data, k=2, recipe=LR)
     simulate(bp, "backprop", data, k=2, recipe=LR)
     got, want = main_params(fg), main_params(bp)
@@ -79,8 +70,8 @@ def test_forward_gradients_of_gaussian_guesses_average_to_the_true_gradient():
     them misses g by about sqrt((d + 1) / N) relative; the projection <g, u> u / <u, u> averages
     to g / d (u / |u| is uniform on the sphere). Fixed seed: a statistical check, within 2x the
     expected error, shrinking as N grows."""
-    model = model_of(aux=None)
-    x, y = batches(1)[0]
+    model = make_model(dtype=torch.float64)
+    x, y = make_batches(1, torch.float64)[0]
     F.cross_entropy(model(x), y).backward()
     g = torch.cat([p.grad.flatten() for p in model[1].parameters()])
     d = g.numel()
@@ -102,8 +93,8 @@ def test_forward_gradients_of_gaussian_guesses_average_to_the_true_gradient():
 def test_forward_mode_measures_the_directional_derivative_backprop_gives():
     """What a real forward-gradient system computes (a JVP of the network's loss along the guess,
     no backward pass) is the inner product the simulator takes from backprop."""
-    model = model_of(aux=None)
-    x, y = batches(1)[0]
+    model = make_model(dtype=torch.float64)
+    x, y = make_batches(1, torch.float64)[0]
     stage = model[2]
     names = [n for n, _ in stage.named_parameters()]
     params = [p.detach() for p in stage.parameters()]
@@ -124,13 +115,13 @@ def test_forward_mode_measures_the_directional_derivative_backprop_gives():
 def test_local_learning_sends_no_gradient_across_stages():
     """With auxiliary losses that do not depend on a stage, `local` leaves every stage but the
     head as it was: nothing reaches them from the head."""
-    model = model_of()
+    model = make_model(dtype=torch.float64, aux_head="cnn")
     before = copy.deepcopy(model)
     for stage in list(model)[:-1]:
         stage.aux = torch.nn.Module()
         stage.aux.forward = lambda h: torch.zeros(h.shape[0], 5, dtype=h.dtype, requires_grad=True)
-    sim = Simulator(model, "local", num_batches=6, get_batch=batches(6).__getitem__, batch_size=6,
-                    recipe=Recipe(base_lr=0.05, weight_decay=0.0, scale_lr=False))
+    sim = Simulator(model, "local", num_batches=6, get_batch=make_batches(6, torch.float64).__getitem__,
+                    batch_size=6, recipe=Recipe(base_lr=0.05, weight_decay=0.0, scale_lr=False))
     sim.run()
     for j in range(len(model) - 1):
         for (name, a), b in zip(model[j].named_parameters(), before[j].parameters()):
@@ -174,4 +165,4 @@ def test_bad_local_learning_configs(kwargs, needle):
 
 def test_a_model_without_heads_is_refused_by_local_methods():
     with pytest.raises(ValueError, match="auxiliary heads"):
-        simulate(model_of(aux=None), "local", batches(2))
+        simulate(make_model(dtype=torch.float64), "local", make_batches(2, torch.float64))

@@ -6,25 +6,15 @@ import torch
 import torch.nn.functional as F
 
 from petra_core.engine.observers import BeforeStep
-from petra_core import METHODS, Recipe, Simulator, build_model, simulate
+from petra_core import METHODS, Recipe, Simulator, simulate
 from petra_core.batchnorm import batches_tracked, frozen_running_stats
 from petra_core.methods import Reconstruct
+
+from conftest import make_batches, make_model
 
 PAPER_METHODS = [name for name, m in METHODS.items() if not m.needs_aux]  # local learning: tests/test_local.py
 LR0 = Recipe(base_lr=0.0, weight_decay=5e-4, scale_lr=False)
 LR = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=False)
-
-
-def make_batches(n, dtype=torch.float32, batch=6, size=16, classes=5, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch, 3, size, size, generator=g, dtype=dtype),
-             torch.randint(0, classes, (batch,), generator=g)) for _ in range(n)]
-
-
-def make_model(arch="revnet18", dtype=torch.float32, seed=0, method=None):
-    torch.manual_seed(seed)
-    aux = "cnn" if method is not None and METHODS[method].needs_aux else None
-    return build_model(arch, num_classes=5, width=4, aux_head=aux).to(dtype)
 
 
 def stage_grads(module):

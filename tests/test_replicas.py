@@ -8,27 +8,17 @@
 * under a pipelined method the replicas stay identical in their weights;
 * rules are looked up by name, with one-line errors.
 """
-import copy
 
 import pytest
 import torch
 
-from petra_core import Recipe, Simulator, build_model
+from petra_core import Recipe, Simulator
 from petra_core.engine.observers import Observer
 from petra_core.replicas import REPLICA_RULES, DataParallel, get_rule
 
+from conftest import make_batches, make_model
+
 LR = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=True)
-
-
-def batches(n, dtype=torch.float64, batch=4, size=16, classes=5, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch, 3, size, size, generator=g, dtype=dtype),
-             torch.randint(0, classes, (batch,), generator=g)) for _ in range(n)]
-
-
-def model(arch="revnet18", dtype=torch.float64, seed=0):
-    torch.manual_seed(seed)
-    return build_model(arch, num_classes=5, width=4).to(dtype)
 
 
 def weights(m):
@@ -39,11 +29,11 @@ def weights(m):
 @pytest.mark.parametrize("R", [2, 3])
 def test_dp_equals_one_replica_accumulating_R_minibatches(method, R):
     steps = 3
-    data = batches(steps * R)
-    one = Simulator(model(), method, num_batches=steps * R, get_batch=data.__getitem__, batch_size=4, k=R,
-                    recipe=LR).run()
-    many = Simulator(model(), method, num_batches=steps, get_batch=data.__getitem__, batch_size=4, k=1,
-                     recipe=LR, replicas=R, rule="dp").run()
+    data = make_batches(steps * R, torch.float64, batch=4)
+    one = Simulator(make_model(dtype=torch.float64), method, num_batches=steps * R, get_batch=data.__getitem__,
+                    batch_size=4, k=R, recipe=LR).run()
+    many = Simulator(make_model(dtype=torch.float64), method, num_batches=steps, get_batch=data.__getitem__,
+                     batch_size=4, k=1, recipe=LR, replicas=R, rule="dp").run()
     assert [w.steps for w in many.workers] == [w.steps for w in one.workers] == [steps] * len(one.workers)
     reference = weights(one.model)
     for rep in many.replicas:
@@ -64,8 +54,8 @@ def test_replica_shards_are_disjoint_and_cover_the_stream_in_turn():
         def fetched(self, replica, mb, batch):
             seen.append((replica, mb))
 
-    data = batches(12, dtype=torch.float32)
-    sim = Simulator(model(dtype=torch.float32), "petra", num_batches=4, get_batch=data.__getitem__, batch_size=4,
+    data = make_batches(12, batch=4)
+    sim = Simulator(make_model(), "petra", num_batches=4, get_batch=data.__getitem__, batch_size=4,
                     replicas=3)
     sim.observers.append(Fetched())
     sim.run()
@@ -76,19 +66,19 @@ def test_replica_shards_are_disjoint_and_cover_the_stream_in_turn():
 
 @pytest.mark.parametrize("method", ["petra", "delayed", "dsp"])
 def test_dp_replicas_stay_identical_under_a_pipelined_method(method):
-    data = batches(16, dtype=torch.float32)
-    sim = Simulator(model(dtype=torch.float32), method, num_batches=8, get_batch=data.__getitem__, batch_size=4,
+    data = make_batches(16, batch=4)
+    sim = Simulator(make_model(), method, num_batches=8, get_batch=data.__getitem__, batch_size=4,
                     replicas=2, recipe=LR).run()
     a, b = (weights(rep.model) for rep in sim.replicas)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert not all(torch.equal(a[k], v) for k, v in weights(model(dtype=torch.float32)).items())
+    assert not all(torch.equal(a[k], v) for k, v in weights(make_model()).items())
 
 
 def test_one_replica_is_the_plain_pipeline():
-    data = batches(6, dtype=torch.float32)
-    plain = Simulator(model(dtype=torch.float32), "petra", num_batches=6, get_batch=data.__getitem__,
+    data = make_batches(6, batch=4)
+    plain = Simulator(make_model(), "petra", num_batches=6, get_batch=data.__getitem__,
                       batch_size=4).run()
-    meshed = Simulator(model(dtype=torch.float32), "petra", num_batches=6, get_batch=data.__getitem__,
+    meshed = Simulator(make_model(), "petra", num_batches=6, get_batch=data.__getitem__,
                        batch_size=4, replicas=1, rule="dp").run()
     assert all(torch.equal(v, meshed.model.state_dict()[k]) for k, v in plain.model.state_dict().items())
 
@@ -99,16 +89,16 @@ def test_rules_by_name():
     with pytest.raises(ValueError, match="unknown replica rule 'cdp9'; allowed: dp"):
         get_rule("cdp9")
     with pytest.raises(ValueError, match="replicas must be an integer >= 1, got 0"):
-        Simulator(model(dtype=torch.float32), "backprop", num_batches=2, get_batch=batches(2).__getitem__,
-                  batch_size=4, replicas=0)
+        Simulator(make_model(), "backprop", num_batches=2,
+                  get_batch=make_batches(2, torch.float64, batch=4).__getitem__, batch_size=4, replicas=0)
 
 
 def test_a_pipeline_is_freed_on_del():
     import gc
     import weakref
 
-    data = batches(4, dtype=torch.float32)
-    sim = Simulator(model(dtype=torch.float32), "petra", num_batches=2, get_batch=data.__getitem__, batch_size=4,
+    data = make_batches(4, batch=4)
+    sim = Simulator(make_model(), "petra", num_batches=2, get_batch=data.__getitem__, batch_size=4,
                     replicas=2).run(3)
     refs = [weakref.ref(sim), weakref.ref(sim.world), weakref.ref(sim.model)]
     gc.disable()

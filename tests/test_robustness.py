@@ -18,8 +18,9 @@ from petra_core.run.config import ConfigError, RunConfig
 from petra_core.data import DataError, prepare
 from petra_core.run.trainer import Diverged, Interrupted, train
 
-TINY = dict(arch="revnet18", width=4, dataset="synthetic", synthetic_train=64, synthetic_test=32, batch_size=16,
-            epochs=2, threads=1, progress=False)
+from conftest import argv, tiny_run
+
+RUN_4X16 = tiny_run(synthetic_train=64, synthetic_test=32, batch_size=16)  # 4 minibatches of 16 an epoch
 
 
 def strict(path):
@@ -33,7 +34,7 @@ def strict(path):
 def test_divergence_in_the_last_epoch_is_a_failure_not_a_result(tmp_path, capsys):
     """The issue's reproduction: base_lr=1e6 blows the weights up; the run must not report success."""
     run = tmp_path / "run"
-    code = main(["train", *[f"{k}={v}" for k, v in TINY.items()], "base_lr=1e6", "--run-dir", str(run)])
+    code = main(["train", *argv(RUN_4X16), "base_lr=1e6", "--run-dir", str(run)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 3, err
     assert err[-1].startswith("petra: error: ") and "NaN or infinite" in err[-1] and "epoch 1" in err[-1], err
@@ -54,7 +55,7 @@ def test_a_non_finite_test_loss_stops_the_run_and_is_recorded_as_null(tmp_path, 
 
     monkeypatch.setattr(trainer, "evaluate", broken_second_epoch)
     with pytest.raises(Diverged, match=r"test loss is nan after epoch 2; stopped; last good checkpoint: .*\(epoch 1\)"):
-        train(RunConfig.from_dict(TINY), tmp_path / "run", log=lambda m: None)
+        train(RunConfig.from_dict(RUN_4X16), tmp_path / "run", log=lambda m: None)
     history = strict(tmp_path / "run" / runio.HISTORY)
     assert history[1]["test_loss"] is None and history[1]["non_finite"] == {"test_loss": "nan"}
     assert len(runio.load_checkpoint(tmp_path / "run" / runio.CHECKPOINT)["history"]) == 1  # the good one
@@ -70,7 +71,7 @@ def test_json_is_strict(tmp_path):
 
 @pytest.mark.parametrize("tick", [5, 6, 13])  # inside a group of k=2, at its end, in the second epoch
 def test_fidelity_tracking_survives_a_resume_at_any_tick(tmp_path, tick):
-    cfg = RunConfig.from_dict({**TINY, "k": 2, "fidelity_every": 1})
+    cfg = RunConfig.from_dict({**RUN_4X16, "k": 2, "fidelity_every": 1})
     train(cfg, tmp_path / "ref", log=lambda m: None)
 
     def interrupt(t):

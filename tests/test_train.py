@@ -12,23 +12,21 @@ from petra_core.cli import main
 from petra_core.run.config import RunConfig
 from petra_core.run.trainer import Interrupted, train
 
-TINY = dict(arch="revnet18", width=4, dataset="synthetic", synthetic_train=256, synthetic_test=128,
-            batch_size=32, epochs=2, threads=1, progress=False, base_lr=0.1, warmup_epochs=1.0)
-TIMING = {"images_per_s", "wall_time_s", "eval_time_s", "bn_reestimate_time_s"}
+from conftest import argv, tiny_run, untimed
+
+# 8 minibatches of 32 an epoch; the learning rate warms up over the first
+RUN_8X32 = tiny_run(synthetic_train=256, synthetic_test=128, batch_size=32, base_lr=0.1, warmup_epochs=1.0)
 
 
 def cfg(**kw):
-    return RunConfig.from_dict({**TINY, **kw})
-
-
-def untimed(records):
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+    return RunConfig.from_dict({**RUN_8X32, **kw})
 
 
 def final_state(run_dir):
     return runio.load_checkpoint(run_dir / runio.CHECKPOINT)["model"]
 
 
+@pytest.mark.slow
 def test_petra_learns_the_synthetic_task(tmp_path):
     config = cfg(width=8, synthetic_train=1024, synthetic_test=256, batch_size=16, k=4, epochs=4, base_lr=0.05)
     metrics = train(config, tmp_path / "run", log=lambda m: None)
@@ -83,7 +81,7 @@ def test_finished_run_is_not_retrained(tmp_path):
 def test_diverged_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
     run = tmp_path / "run"
     # learning rate multiplied by 1e30 after epoch 1: the loss blows up during epoch 2
-    code = main(["train", *[f"{k}={v}" for k, v in TINY.items()], "method=backprop", "milestones=[1]", "gamma=1e30",
+    code = main(["train", *argv(RUN_8X32), "method=backprop", "milestones=[1]", "gamma=1e30",
                  "--run-dir", str(run)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 3
