@@ -301,11 +301,11 @@ class Pipeline:
 
     def _complete(self, stage: int) -> None:
         copies, group, finish = self.in_flight.pop(stage)
-        finish()
-        for worker in copies:
+        applies = finish() or [True] * len(copies)
+        for worker, apply in zip(copies, applies):
             for o in self.observers:
                 o.before("step", worker, None)
-            worker.step()
+            worker.step(apply)
             for o in self.observers:
                 o.after("step", worker, None)
         self.rule.after_step(copies, group)
@@ -380,7 +380,7 @@ class Pipeline:
         return {"tick": self.tick, "rank": self.rank, "mesh": [mesh.replicas, mesh.positions],
                 "placement": format_placement(self.world.placement),
                 "replicas": {rep.index: {w.index: w.state_dict() for w in rep.workers} for rep in self.replicas},
-                "world": self.world.state_dict()}
+                "rule": self.rule.state_dict(), "world": self.world.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` on a fresh pipeline (after loading the stages' weights)."""
@@ -398,6 +398,8 @@ class Pipeline:
         for rep in self.replicas:
             for worker in rep.workers:
                 worker.load_state_dict(state["replicas"][rep.index][worker.index])
+        self.rule.load_state_dict(state.get("rule", {}))
+        self.rule.to(self.workers[0].device)
         self.world.load_state_dict(state["world"])
 
 

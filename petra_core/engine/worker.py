@@ -11,6 +11,7 @@ loss on the device (:class:`HeadLog`) and inputs from another GPU are copied asy
 """
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -141,12 +142,19 @@ class StageWorker:
                 if p.grad is not None:
                     p.grad.mul_(self.k / self.pending)
 
-    def step(self) -> None:
-        """Apply the accumulated gradient (the runner completes a partial group first)."""
+    def step(self, apply: bool = True) -> None:
+        """Apply the accumulated gradient (the runner completes a partial group first). ``apply``
+        False (a replica rule's choice): leave weights and optimizer state as they are; the
+        learning-rate schedule still advances."""
         if self.pending == 0:
             return
-        self.optimizer.step()
-        self.scheduler.step()
+        if apply:
+            self.optimizer.step()
+            self.scheduler.step()
+        else:
+            with warnings.catch_warnings():  # torch warns of a schedule stepped before its optimizer
+                warnings.simplefilter("ignore", UserWarning)
+                self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         self.pending = 0

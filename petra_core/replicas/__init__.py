@@ -2,9 +2,13 @@
 
 A rule is a small policy object, independent of the storage policy (``petra_core.methods``) and
 combinable with every method: :class:`ReplicaRule` names its two hooks (before and after a
-stage's step), :class:`ReplicaGroup` is what it may ask of the R copies of one stage (collectives
+stage's step); ``dp`` (``rule.py``) and Cyclic Data Parallelism's ``cdp1`` and ``cdp2``
+(``cdp.py``) are the rules; :class:`ReplicaGroup` is what it may ask of the R copies of one stage (collectives
 over the replica axis of the mesh), and ``REPLICA_RULES`` lists the rules by name.
 """
-from .rule import REPLICA_RULES, DataParallel, ReplicaGroup, ReplicaRule, StageCopy, get_rule
+from .cdp import CDP1, CDP2, CyclicDataParallel
+from .registry import REPLICA_RULES, get_rule
+from .rule import DataParallel, ReplicaGroup, ReplicaRule, StageCopy
 
-__all__ = ["REPLICA_RULES", "DataParallel", "ReplicaGroup", "ReplicaRule", "StageCopy", "get_rule"]
+__all__ = ["CDP1", "CDP2", "REPLICA_RULES", "CyclicDataParallel", "DataParallel", "ReplicaGroup", "ReplicaRule",
+           "StageCopy", "get_rule"]

@@ -1,10 +1,13 @@
 """The replica-rule contract and its first rule, data parallelism (``dp``).
 
-The runner holds, for every stage, the copies of it that this process owns: all R of them in the
+The rules are listed by name in ``registry.py``. The runner holds, for every stage, the copies of it that this process owns: all R of them in the
 simulator, one on a rank of a distributed run. When a stage has accumulated its k backward
 passes, the runner calls, for that stage, ``rule.launch(copies, group)`` (start the replicas'
-traffic: an asynchronous collective), then ``finish()`` on what it returned, then every copy's
-optimizer step, then ``rule.after_step(copies, group)``. The launches of every stage due in a tick
+traffic: an asynchronous collective), then ``finish()`` on what it returned (None, or one flag
+per copy: does it take this step? a skipped step leaves the weights and the optimizer state as
+they are, and still advances the learning-rate schedule), then every copy's optimizer step, then
+``rule.after_step(copies, group)``. A rule that remembers something between steps saves it in
+``state_dict`` (checkpoints resume exactly). The launches of every stage due in a tick
 come before the first finish, so their collectives overlap.
 
 A rule never sees the world, only :class:`ReplicaGroup`: collectives over the R copies of one
@@ -25,6 +28,7 @@ class StageCopy(Protocol):
     """What a rule may read and change of one replica's copy of a stage (a ``StageWorker``)."""
 
     index: int  # the stage
+    num_stages: int  # of the model
     replica: int  # the replica this copy belongs to
     stage: nn.Module
     params: list[nn.Parameter]
@@ -43,7 +47,7 @@ class ReplicaGroup(Protocol):
         ...
 
 
-Finish = Callable[[], None]
+Finish = Callable[[], "Sequence[bool] | None"]
 
 
 class ReplicaRule:
@@ -54,16 +58,27 @@ class ReplicaRule:
     def launch(self, copies: Sequence[StageCopy], group: ReplicaGroup) -> Finish:
         """After a stage's k-th backward, before its step: start what the replicas exchange; the
         returned callable completes it (the runner calls it before stepping)."""
-        return _nothing
+        return no_exchange
 
     def after_step(self, copies: Sequence[StageCopy], group: ReplicaGroup) -> None:
         """After every copy of the stage has stepped (weight exchanges, averaging, ...)."""
+
+    def state_dict(self) -> dict:
+        """What the rule remembers between steps (for this process's copies)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def to(self, device) -> None:
+        """Move what the rule remembers to ``device`` (after loading a checkpoint)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
-def _nothing() -> None:
+def no_exchange() -> None:
+    """The completion of an exchange that sent nothing."""
     return None
 
 
@@ -94,7 +109,7 @@ class DataParallel(ReplicaRule):
 
     def launch(self, copies: Sequence[StageCopy], group: ReplicaGroup) -> Finish:
         if group.size == 1:
-            return _nothing
+            return no_exchange
         flats = [flat_grads(c.params) for c in copies]
         wait = group.all_reduce_mean(flats)
 
@@ -104,16 +119,3 @@ class DataParallel(ReplicaRule):
                 set_grads(c.params, flat)
 
         return finish
-
-
-REPLICA_RULES: dict[str, type[ReplicaRule]] = {"dp": DataParallel}
-
-
-def get_rule(rule: str | ReplicaRule | None) -> ReplicaRule:
-    """A rule by name (``REPLICA_RULES``), an instance as is, None: ``dp``."""
-    if isinstance(rule, ReplicaRule):
-        return rule
-    name = "dp" if rule is None else rule
-    if name not in REPLICA_RULES:
-        raise ValueError(f"unknown replica rule {name!r}; allowed: {', '.join(REPLICA_RULES)}")
-    return REPLICA_RULES[name]()
