@@ -5,7 +5,7 @@
 * with lr = 0, DP, CDP1 and CDP2 apply the same mean gradients, shifted as the rules say, checked
   cell by cell for N = 4 replicas of a 10-stage model (cdp2: stage l of replica r is one step
   late iff l < L − 1 − r);
-* cdp2 on 2 gloo ranks (2 × 1) and cdp2 × PETRA on 2 × 2 equal the simulator bit for bit;
+* cdp2 on 2 gloo ranks (2 × 1) and cdp2 × PETRA on 2 × 2 (L = 4 groups) equal the simulator bit for bit;
 * a `petra train` run with cdp2 resumes bit for bit (the rule's remembered gradients are in the
   checkpoint).
 """
@@ -23,7 +23,8 @@ from petra_core.cli import main
 from petra_core.engine.launch import launch_local
 from petra_core.engine.observers import BeforeStep
 from petra_core.optim import make_optimizer
-from petra_core.replicas import CDP2
+from petra_core.replicas import CDP2, get_rule
+from petra_core.run.config import ConfigError, RunConfig
 
 RECIPE = Recipe(base_lr=0.05, weight_decay=5e-4)
 
@@ -64,10 +65,11 @@ def test_cdp1_is_dp_with_every_gradient_one_step_late(R):
         assert worst <= 1e-10, f"replica {rep.index}: max |Δw| = {worst:g}"
 
 
-def applied_gradients(rule, R, steps, data):
+def applied_gradients(rule, R, steps, data, stages=None):
     """(replica, stage, step) -> the gradient each copy held at its step, with lr = 0."""
     sim = Simulator(make_model(dtype=torch.float64), "backprop", num_batches=steps, get_batch=data.__getitem__,
-                    batch_size=4, recipe=Recipe(base_lr=0.0, weight_decay=0.0), replicas=R, rule=rule)
+                    batch_size=4, recipe=Recipe(base_lr=0.0, weight_decay=0.0), replicas=R,
+                    rule=get_rule(rule, stages=stages))
     seen = {}
     sim.observers.append(BeforeStep(lambda w: seen.__setitem__(
         (w.replica, w.index, w.steps), torch.cat([p.grad.flatten() for p in w.params]).clone())))
@@ -75,18 +77,22 @@ def applied_gradients(rule, R, steps, data):
     return seen, sim
 
 
-def test_with_lr_0_the_rules_apply_the_same_gradients_shifted_cell_by_cell():
+@pytest.mark.parametrize("stages,late", [(None, [9, 8, 7, 6]), (4, [8, 6, 3, 0])])
+def test_with_lr_0_the_rules_apply_the_same_gradients_shifted_cell_by_cell(stages, late):
+    """N = 4 replicas of a 10-stage model; L = 10 groups (one per stage) or L = 4 (3, 3, 2, 2 stages)."""
     R, steps = 4, 3
     data = make_batches(steps * R, torch.float64, batch=4)
     dp, _ = applied_gradients("dp", R, steps, data)
-    cdp1, _ = applied_gradients("cdp1", R, steps, data)
-    cdp2, sim = applied_gradients("cdp2", R, steps, data)
-    L = len(sim.model)
-    pattern = [[CDP2().delayed(r, stage, L) for stage in range(L)] for r in range(R)]
-    assert pattern == [[stage < L - 1 - r for stage in range(L)] for r in range(R)]
-    assert [sum(row) for row in pattern] == [9, 8, 7, 6]  # replica r: the first L - 1 - r stages are late
+    cdp1, _ = applied_gradients("cdp1", R, steps, data, stages)
+    cdp2, sim = applied_gradients("cdp2", R, steps, data, stages)
+    J = len(sim.model)
+    L, group = CDP2(stages).groups(J)
+    assert group == (list(range(10)) if stages is None else [0, 0, 0, 1, 1, 1, 2, 2, 3, 3])
+    pattern = [[CDP2(stages).delayed(r, stage, J) for stage in range(J)] for r in range(R)]
+    assert pattern == [[group[stage] < L - 1 - r for stage in range(J)] for r in range(R)]
+    assert [sum(row) for row in pattern] == late  # replica r: the stages of its first L - 1 - r groups are late
     for r in range(R):
-        for stage in range(L):
+        for stage in range(J):
             mean = {t: dp[r, stage, t] for t in range(steps)}
             assert torch.equal(mean[0], dp[0, stage, 0])  # every replica steps with the same mean under dp
             for t in range(1, steps):
@@ -109,14 +115,24 @@ def test_a_skipped_first_step_leaves_the_weights_and_advances_the_schedule():
     assert lrs["cdp1"] == lrs["dp"] and all(w.steps == 1 for w in runs["cdp1"].workers)
 
 
+def test_stage_groups_are_checked_with_one_line():
+    with pytest.raises(ConfigError, match="rule_stages=4 is only used by replica_rule cdp1 or cdp2; replica_rule='dp'"):
+        RunConfig.from_dict({"replicas": 2, "replica_rule": "dp", "rule_stages": 4})
+    with pytest.raises(ValueError, match="cdp2: stages=11 groups cannot be cut from a model of 10 stages"):
+        Simulator(make_model(), "backprop", num_batches=1, get_batch=make_batches(2).__getitem__, batch_size=6,
+                  replicas=2, rule=get_rule("cdp2", stages=11))
+    with pytest.raises(ValueError, match="replica rule 'dp' takes no stage groups"):
+        get_rule("dp", stages=4)
+
+
 COMMON = ["--arch", "revnet18", "--num-classes", "5", "--batch", "4", "--steps", "8", "--threads", "1",
           "--lr", "0.05", "--timeout", "60", "--width", "4", "--image-size", "16", "--replicas", "2", "--rule", "cdp2"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("positions,method", [(1, "backprop"), (2, "petra")])
-def test_cdp2_on_ranks_matches_the_simulator(tmp_path, positions, method):
-    argv_ = [*COMMON, "--method", method, "--save", str(tmp_path / "{method}.pt")]
+@pytest.mark.parametrize("positions,method,stages", [(1, "backprop", []), (2, "petra", ["--rule-stages", "4"])])
+def test_cdp2_on_ranks_matches_the_simulator(tmp_path, positions, method, stages):
+    argv_ = [*COMMON, *stages, "--method", method, "--save", str(tmp_path / "{method}.pt")]
     procs = launch_local(argv_, 2 * positions, timeout=200, capture=True, script=RANKS)
     check_outcome(procs)
     assert_bit_for_bit(torch.load(tmp_path / f"{method}.pt"), simulator_state(argv_, method), method)

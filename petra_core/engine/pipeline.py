@@ -139,6 +139,8 @@ def assemble(model: StagedModel, method: str | Method, world, *, num_batches: in
 
     method, rule = get_method(method), get_rule(rule)
     J, R = len(model), world.mesh.replicas
+    if getattr(rule, "stages", None) is not None:
+        rule.groups(J)  # a bad number of groups: one line now, not at the first step
     schedule = schedule_for(method, J, num_batches)
     if world.world_size > 1:
         from .distributed.world import model_fingerprint

@@ -9,8 +9,9 @@ price of a delay of one step for some (replica, stage) cells. As in the authors'
 * ``cdp2``: stage l of replica r steps with ḡ_t if l ≥ L − 1 − r, else with ḡ_{t-1};
 
 a cell that would use ḡ_{-1} (the first step) skips its update (the learning-rate schedule
-still advances, as the authors' per-epoch scheduler does). Here L is the model's number of
-stages (the stage split the whole engine uses) and r the replica. Under ``cdp2`` the replicas'
+still advances, as the authors' per-epoch scheduler does). r is the replica and l the stage's
+group: the model's J stages cut into L contiguous groups (``stages=L``; sizes differ by at most
+one, the larger first, like the authors' split by count; default L = J, one group per stage). Under ``cdp2`` the replicas'
 weights drift apart (replicas r ≥ L − 1 are pure DP), and each computes its gradient on its own
 weights.
 
@@ -32,12 +33,30 @@ from .rule import Finish, ReplicaGroup, ReplicaRule, StageCopy, no_exchange, fla
 class CyclicDataParallel(ReplicaRule):
     """The mean gradient of the replicas, applied now or one step late, cell by cell."""
 
-    def __init__(self):
+    def __init__(self, stages: int | None = None):
+        if stages is not None and (not isinstance(stages, int) or isinstance(stages, bool) or stages < 1):
+            raise ValueError(f"{self.name}: stages must be an integer >= 1 (the groups L), got {stages!r}")
+        self.stages = stages
         self.previous: dict[tuple[int, int], Tensor] = {}  # (replica, stage) -> ḡ_{t-1} (delayed cells)
+
+    def groups(self, num_stages: int) -> tuple[int, list[int]]:
+        """L, and the group of each of the model's ``num_stages`` stages."""
+        L = num_stages if self.stages is None else self.stages
+        if L > num_stages:
+            raise ValueError(f"{self.name}: stages={L} groups cannot be cut from a model of {num_stages} stages")
+        size, extra = divmod(num_stages, L)
+        return L, [g for g in range(L) for _ in range(size + (g < extra))]
 
     def delayed(self, replica: int, stage: int, num_stages: int) -> bool:
         """Does stage ``stage`` of replica ``replica`` step with the previous step's mean?"""
+        L, group = self.groups(num_stages)
+        return self.late(replica, group[stage], L)
+
+    def late(self, replica: int, group: int, L: int) -> bool:
         raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(stages={self.stages})"
 
     def launch(self, copies: Sequence[StageCopy], group: ReplicaGroup) -> Finish:
         flats = [flat_grads(c.params) for c in copies]
@@ -75,7 +94,7 @@ class CDP1(CyclicDataParallel):
 
     name = "cdp1"
 
-    def delayed(self, replica: int, stage: int, num_stages: int) -> bool:
+    def late(self, replica: int, group: int, L: int) -> bool:
         return True
 
 
@@ -84,5 +103,5 @@ class CDP2(CyclicDataParallel):
 
     name = "cdp2"
 
-    def delayed(self, replica: int, stage: int, num_stages: int) -> bool:
-        return stage < num_stages - 1 - replica
+    def late(self, replica: int, group: int, L: int) -> bool:
+        return group < L - 1 - replica

@@ -80,6 +80,8 @@ class RunConfig:
     replicas: int = _key(1, "data-parallel replicas of the pipeline (the mesh's replica axis): each trains on its own "
                             "shard of every epoch; distributed: a divisor of the number of ranks")
     replica_rule: str = _key("dp", "what the replicas do together around each optimizer step", tuple(REPLICA_RULES))
+    rule_stages: int | None = _key(None, "cdp1/cdp2: the contiguous stage groups L the cyclic delay counts (default: "
+                                         "one per stage of the model)")
     placement: str = _key("even", "distributed: stages per rank: even, balanced (measured) or ranges like 0-3,4-9")
     dist_timeout: float = _key(60.0, "distributed: seconds before a silent peer is declared failed")
     fidelity_every: int = _key(0, "every N optimizer steps, compare delayed gradients with true ones (0 = off)")
@@ -152,6 +154,14 @@ class RunConfig:
         if self.placement not in ("even", "balanced") and not _RANGES.fullmatch(self.placement.replace(" ", "")):
             raise ConfigError(f"placement={self.placement!r} is not allowed; allowed: even, balanced, or inclusive "
                               f"stage ranges in rank order like 0-3,4-9")
+        if self.rule_stages is not None:
+            from ..replicas.registry import STAGED
+
+            if self.replica_rule not in STAGED:
+                raise ConfigError(f"rule_stages={self.rule_stages!r} is only used by replica_rule {' or '.join(STAGED)}; "
+                                  f"replica_rule={self.replica_rule!r} would ignore it (use rule_stages=null)")
+            if self.rule_stages < 1:
+                raise ConfigError(f"rule_stages={self.rule_stages!r} must be >= 1")
         if self.runtime == "distributed" and self.fidelity_every:
             raise ConfigError(f"fidelity_every={self.fidelity_every!r} needs runtime=simulator (the true gradient "
                               f"needs the whole model in one process); use fidelity_every=0")

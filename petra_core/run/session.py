@@ -27,6 +27,7 @@ from ..engine import LocalWorld, Pipeline, assemble
 from ..engine.placement import format_placement
 from ..models import build_model
 from ..optim import Recipe
+from ..replicas import get_rule
 from .checkpoints import Checkpoints
 
 USER_ERRORS = (ConfigError, DataError, ValueError)  # raised by every rank together, one line each
@@ -147,7 +148,7 @@ class Session:
             self.model, cfg.method, world, num_batches=cfg.epochs * self.batches_per_epoch,
             get_batch=get_batch if world.position == 0 else None, batch_size=cfg.batch_size, k=cfg.k,
             recipe=recipe_of(cfg), batches_per_epoch=self.batches_per_epoch, placement=placement,
-            measure=measure_stage_costs, rule=cfg.replica_rule)))
+            measure=measure_stage_costs, rule=get_rule(cfg.replica_rule, stages=cfg.rule_stages))))
 
     # ---- keeping ranks in step (trivial in one process) ------------------------------------------
     def together(self, fn):

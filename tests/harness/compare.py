@@ -2,6 +2,7 @@
 import torch
 
 from petra_core import Simulator
+from petra_core.replicas import get_rule
 
 from .ranks import demo_setup, parser
 
@@ -14,7 +15,8 @@ def simulator_state(argv, method):
     try:
         model, get_batch, recipe = demo_setup(args)
         Simulator(model, method, num_batches=args.steps, get_batch=get_batch, batch_size=args.batch, k=args.k,
-                  recipe=recipe, replicas=args.replicas, rule=args.rule).run()
+                  recipe=recipe, replicas=args.replicas,
+                  rule=get_rule(args.rule, stages=args.rule_stages)).run()
     finally:
         torch.set_num_threads(threads)
     return model.state_dict()

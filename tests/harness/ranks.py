@@ -23,6 +23,7 @@ from torch import Tensor
 from petra_core.accounting import measure_stage_costs
 from petra_core.engine.distributed import DEFAULT_TIMEOUT, DistributedPipeline, PipelineError
 from petra_core.engine.observers import Observer
+from petra_core.replicas import get_rule
 from petra_core.engine.pipeline import GetBatch
 from petra_core.engine.placement import format_stages
 from petra_core.engine.launch import fail, init_distributed, launch_local
@@ -72,6 +73,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=int, default=1,
                    help="data-parallel replicas: the ranks form a mesh of replicas x (ranks / replicas) positions")
     p.add_argument("--rule", default="dp", help="replica rule (petra_core.replicas.REPLICA_RULES)")
+    p.add_argument("--rule-stages", type=int, default=None, help="cdp1/cdp2: the stage groups L")
     p.add_argument("--steps", type=int, default=20, help="minibatches per replica (optimizer steps when k = 1)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05)
@@ -156,7 +158,8 @@ def _run_one(args, method: str, device: torch.device) -> None:
     model, get_batch, recipe = demo_setup(args)
     pipe = DistributedPipeline(model, method, num_batches=args.steps, get_batch=get_batch, batch_size=args.batch,
                                k=args.k, recipe=recipe, placement=args.placement, measure=measure_stage_costs,
-                               device=device, replicas=args.replicas, rule=args.rule,
+                               device=device, replicas=args.replicas,
+                               rule=get_rule(args.rule, stages=args.rule_stages),
                                timeout=args.timeout, sync_timing=device.type == "cuda")
     fetched = Fetched()
     pipe.observers.append(fetched)
