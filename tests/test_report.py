@@ -316,3 +316,66 @@ def test_budget_profiles_render_table_2_at_their_largest_budget(budget, cost_tab
 
     paths = draw_all(out, cost_tables, tmp_path / "figures", profile="fakebudget")
     assert tmp_path / "figures" / "budget_gap.png" in paths
+
+
+# --- replica rules (the cdp profile) -------------------------------------------------------------
+RULE_PROFILE = {
+    "profile": "fakecdp", "run_name": "{replica_rule}-seed{seed}",
+    "train": {"dataset": "cifar10", "data_source": "nowhere.tar.gz", "width": 8, "epochs": 2, "batch_size": 32,
+              "method": "backprop", "replicas": 4},
+    "grid": [{"arch": ["resnet18", "revnet18"], "replica_rule": "dp", "seed": [0, 1]},
+             {"arch": ["resnet18", "revnet18"], "replica_rule": ["cdp1", "cdp2"], "rule_stages": 4, "seed": [0, 1]}],
+}
+RULE_TOP1 = {"dp": 70.0, "cdp1": 68.0, "cdp2": 69.5}
+
+
+@pytest.fixture(scope="module")
+def rules(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cdp")
+    path = root / "fakecdp.yaml"
+    path.write_text(yaml.safe_dump(RULE_PROFILE))
+    for run in grid.runs(RULE_PROFILE):
+        cfg = run.config.to_dict()
+        top1 = RULE_TOP1[cfg["replica_rule"]] + cfg["seed"] + (1.0 if cfg["arch"] == "revnet18" else 0.0)
+        history = [{"epoch": e, "train_loss": 1.0 / e, "train_acc": 50.0, "test_loss": 1.0, "top1": top1 - 2 + e,
+                    "top5": 99.0, "lr": 0.1, "images_per_s": 1.0, "wall_time_s": 1.0, "eval_time_s": 0.1} for e in (1, 2)]
+        metrics = {"top1": top1, "top5": 99.0, "test_loss": 1.0, "train_loss": 0.5, "train_acc": 50.0, "best_top1": top1,
+                   "top1_last10_mean": top1, "epochs": 2, "optimizer_steps": 10, "peak_kept_bytes": [0] * 10,
+                   "images_per_s": 1.0, "wall_time_s": 1.0, "params": 1, "stages": 10,
+                   "stage_kinds": "S R R D R D R D R H", "top1_bn_reestimated": top1 + 0.5}
+        d = root / run.directory
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+        (d / "metrics.json").write_text(json.dumps(metrics))
+        (d / "history.json").write_text(json.dumps(history))
+    out = root / "results" / "fakecdp"
+    results.write(results.collect(path, root=root), out)
+    return results.load(out)
+
+
+def test_replica_rules_are_compared_with_dp_of_the_same_model(rules):
+    from petra_core.report.replicas import rule_context, rule_frame
+
+    frame = rule_frame(rules["summary"]).set_index(["arch", "replica_rule"])
+    assert frame.loc[("resnet18", "dp"), "top1"] == pytest.approx(70.5)  # seeds 0 and 1
+    assert frame.loc[("resnet18", "cdp1"), "gap_top1"] == pytest.approx(-2.0)
+    assert frame.loc[("revnet18", "cdp2"), "gap_top1"] == pytest.approx(-0.5)
+    assert frame.loc[("revnet18", "cdp2"), "gap_top1_err"] == pytest.approx(math.sqrt(0.5 + 0.5))
+    context = rule_context(rules, "fakecdp")
+    assert context["applies"] and [m["model"] for m in context["models"]] == ["ResNet18", "RevNet18"]
+    assert [r["label"] for r in context["models"][0]["rules"]] == ["DP", "CDP1 (L = 4)", "CDP2 (L = 4)"]
+    from petra_core.report.tables import render
+
+    md = render("replica_rules", "md", context)
+    assert "| ResNet18 | CDP1 (L = 4) | 68.50 ± 0.71 (n = 2) | -2.00 ± 1.00 | 69.00 ± 0.71 (n = 2) | -2.00 ± 1.00 |" in md
+    assert "| ResNet18 | DP | 70.50 ± 0.71 (n = 2) | – |" in md
+    assert "\\begin{tabular}" in render("replica_rules", "tex", context)
+    assert "varies no replica rule" in render("replica_rules", "md", rule_context({"summary": pd.DataFrame()}, "x"))
+
+
+def test_replica_rule_curves_draw_one_line_per_rule(rules):
+    from petra_core.report.replicas import rule_curves
+
+    fig = rule_curves(rules["history"], "fakecdp")
+    assert len(fig.axes) == 4  # two models x (training loss, top-1)
+    assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == ["DP", "CDP1 (L = 4)", "CDP2 (L = 4)"]

@@ -25,7 +25,8 @@ import seaborn as sns  # noqa: E402
 from . import labels  # noqa: E402
 from .budget import METRICS, at_largest_budget, gap_frame, paper_point, trend, trend_curve, varies_budget  # noqa: E402
 
-FIGURES = ("fig4_accumulation", "training_curves", "memory_per_stage", "gradient_fidelity", "budget_gap")
+FIGURES = ("fig4_accumulation", "training_curves", "memory_per_stage", "gradient_fidelity", "budget_gap",
+           "replica_rules")
 FORMATS = {"png": {"dpi": 150, "metadata": {"Software": None}}, "pdf": {"metadata": {"CreationDate": None}}}
 PIPELINED = ("delayed", "dsp", "petra")
 
@@ -193,6 +194,7 @@ def budget_gap(summary: pd.DataFrame, results: pd.DataFrame, profile: str, refer
 def draw_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path, profile: str) -> list[Path]:
     from ..reference import load_paper_reference
     from . import costs as costs_mod
+    from .replicas import rule_curves
     from . import results as results_mod
 
     style()
@@ -205,5 +207,6 @@ def draw_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path
             "training_curves": training_curves(at_largest_budget(history), profile),
             "memory_per_stage": memory_per_stage(frames["memory"], profile),
             "gradient_fidelity": gradient_fidelity(frames["fidelity"], profile, fallback),
-            "budget_gap": budget_gap(summary, frames["results"], profile, load_paper_reference())}
+            "budget_gap": budget_gap(summary, frames["results"], profile, load_paper_reference()),
+            "replica_rules": rule_curves(history, profile)}
     return [path for name, fig in figs.items() for path in save(fig, out_dir, name)]

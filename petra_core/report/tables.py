@@ -15,10 +15,11 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from ..reference import load_paper_reference
 from . import labels
 from .budget import METRICS, at_largest_budget, gap_frame, paper_point, trend, varies_budget
+from .replicas import rule_context
 
 TEMPLATES = Path(__file__).parent / "templates"
 TABLES = {"table1_costs": "Table 1", "table2_accuracy": "Table 2", "table3_memory": "Table 3",
-          "budget_gap": "the gap against training budget"}
+          "budget_gap": "the gap against training budget", "replica_rules": "replica rules against DP"}
 FORMATS = ("md", "tex")
 QUANTITIES = ("activations", "params", "comm", "flops", "time")
 
@@ -218,7 +219,8 @@ def render_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Pa
     contexts = {"table1_costs": table1_context(costs, reference),
                 "table2_accuracy": table2_context(frames, profile, reference),
                 "table3_memory": table3_context(costs, frames, profile, reference),
-                "budget_gap": budget_context(frames, profile, reference)}
+                "budget_gap": budget_context(frames, profile, reference),
+                "replica_rules": rule_context(frames, profile)}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
