@@ -202,14 +202,20 @@ class Pipeline:
 
     def __init__(self, replicas: list[Replica], schedule: Schedule, world, *, get_batch: GetBatch | None,
                  method: Method, rule: ReplicaRule | None = None, stage_costs: list[float] | None = None,
-                 sync_timing: bool = False):
+                 sync_timing: bool = False, offset: int = 0):
         self.replicas, self.schedule, self.world = replicas, schedule, world
         self.get_batch, self.method, self.rule = get_batch, method, get_rule(rule)
         self.stage_costs = stage_costs
         self.model, self.workers = replicas[0].model, replicas[0].workers
         self.stages = world.stages
         self.observers: list[Observer] = []
-        self.in_flight: dict[int, tuple] = {}  # stage index -> a launched exchange, completed before its next use
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ValueError(f"offset must be an integer >= 0 (ticks between replicas' starts), got {offset!r}")
+        if offset and world.world_size > 1:
+            raise ValueError("a cyclic offset between replicas runs in the simulator (one process), not on ranks")
+        self.offset = offset  # replica r runs its schedule offset * r ticks after replica 0 (cyclic execution)
+        self.num_ticks = schedule.num_ticks + offset * (world.mesh.replicas - 1)
+        self.waiting: dict[tuple[int, int], StageWorker] = {}  # (replica, stage) -> gave its part, not yet stepped
         self.tick = 0
         self.sync_timing = sync_timing and self.workers[0].device.type == "cuda"
         self.wall_s = 0.0  # seconds spent in this process's ticks
@@ -231,7 +237,7 @@ class Pipeline:
 
     @property
     def done(self) -> bool:
-        return self.tick >= self.schedule.num_ticks
+        return self.tick >= self.num_ticks
 
     # ---- running ----------------------------------------------------------------------------------
     def fetch(self, replica: int, mb: int):
@@ -255,21 +261,24 @@ class Pipeline:
         try:
             self.world.begin_tick(self.tick)
             for rep in self.replicas:
+                local = self.tick - self.offset * rep.index  # this replica's own tick
+                if not 0 <= local < self.schedule.num_ticks:
+                    continue
                 for worker in rep.workers:
                     stage = worker.index
-                    if stage in self.in_flight:
-                        self._complete(stage)
-                    run_stage_tick(worker, self.schedule.action(self.tick, stage), self.world, self.fetch,
-                                   self.observers)
+                    action = self.schedule.action(local, stage)
+                    if (rep.index, stage) in self.waiting and (action.forward is not None or action.backward is not None):
+                        self._take_step(worker)  # its step waited for the replicas' exchange: now it is needed
+                    run_stage_tick(worker, action, self.world, self.fetch, self.observers)
             stage = None
-            self._step(lambda w: w.step_due)
+            self._contribute(lambda w: w.step_due)
             self.world.end_tick(self.tick)
             self.tick += 1
             if self.done:
                 for rep in self.replicas:
                     for worker in rep.workers:
                         worker.complete_partial_group()
-                self._step(lambda w: w.pending > 0)
+                self._contribute(lambda w: w.pending > 0)
                 self.complete_steps()
                 self.world.finish()
             if self.sync_timing:
@@ -284,41 +293,43 @@ class Pipeline:
             self.wall_s += t1 - t0
             self.tick_ends.append(t1)
 
-    def _step(self, due: Callable[[StageWorker], bool]) -> None:
-        """Step every stage whose copies are ``due``: launch the rule's exchanges of all of them, then
-        complete each and step its copies. An exchange over another process (``group.overlaps``)
-        is completed later, right before the stage's next forward or backward (or a read of the
-        weights: :meth:`complete_steps`), so it overlaps with the other stages' compute; the
-        numbers are the same either way."""
-        launched = []
+    def _contribute(self, due: Callable[[StageWorker], bool]) -> None:
+        """Every stage copy that is ``due`` gives its part to the replica rule; a copy the rule says
+        is ready steps now, the others right before their next forward or backward (an exchange
+        over other processes runs meanwhile) or before anyone reads the weights."""
         for i, j in enumerate(self.stages):
+            group = self.world.replica_group(j)
             copies = [rep.workers[i] for rep in self.replicas]
-            if due(copies[0]):
-                group = self.world.replica_group(j)
-                self.in_flight[j] = (copies, group, self.rule.launch(copies, group))
-                launched.append((j, group))
-        for j, group in launched:
-            if not getattr(group, "overlaps", False):
-                self._complete(j)
+            for worker in copies:
+                if due(worker) and (worker.replica, j) not in self.waiting:
+                    self.rule.contribute(worker, group)
+                    self.waiting[worker.replica, j] = worker
+            for worker in copies:
+                if (worker.replica, j) in self.waiting and self.rule.ready(worker, group):
+                    self._take_step(worker)
 
-    def _complete(self, stage: int) -> None:
-        copies, group, finish = self.in_flight.pop(stage)
-        applies = finish() or [True] * len(copies)
-        for worker, apply in zip(copies, applies):
-            for o in self.observers:
-                o.before("step", worker, None)
-            worker.step(apply)
-            for o in self.observers:
-                o.after("step", worker, None)
-        self.rule.after_step(copies, group)
+    def _take_step(self, worker: StageWorker) -> None:
+        j = worker.index
+        group = self.world.replica_group(j)
+        del self.waiting[worker.replica, j]
+        apply = self.rule.complete(worker, group)
+        for o in self.observers:
+            o.before("step", worker, None)
+        worker.step(apply)
+        for o in self.observers:
+            o.after("step", worker, None)
+        copies = [rep.workers[j - self.stages.start] for rep in self.replicas]
+        if all((c.replica, j) not in self.waiting and c.steps == worker.steps for c in copies):
+            self.rule.after_step(copies, group)
 
     def complete_steps(self) -> None:
-        """Apply every step still waiting for its exchange (before the weights are read)."""
-        for stage in sorted(self.in_flight):
-            self._complete(stage)
+        """Take every step still waiting for the replicas' exchange (before the weights are read)."""
+        for key in sorted(self.waiting):
+            if key in self.waiting:
+                self._take_step(self.waiting[key])
 
     def run(self, ticks: int | None = None) -> "Pipeline":
-        end = self.schedule.num_ticks if ticks is None else min(self.tick + ticks, self.schedule.num_ticks)
+        end = self.num_ticks if ticks is None else min(self.tick + ticks, self.num_ticks)
         while self.tick < end:
             self.advance()
         return self

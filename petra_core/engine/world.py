@@ -88,10 +88,12 @@ class World(Protocol):
 
 
 class LocalReplicaGroup:
-    """The R copies of a stage, all in this process: their mean, summed in replica order."""
+    """The R copies of a stage, all in this process: their mean, summed in replica order, at once."""
+
+    overlaps = False
 
     def __init__(self, size: int):
-        self.size = size
+        self.size = self.local = size
 
     def all_reduce_mean(self, tensors: list[Tensor]) -> Callable[[], None]:
         if len(tensors) != self.size:

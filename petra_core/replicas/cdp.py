@@ -23,11 +23,7 @@ gradients its method produced for the previous group of k minibatches.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from torch import Tensor
-
-from .rule import Finish, ReplicaGroup, ReplicaRule, StageCopy, no_exchange, flat_grads, set_grads
+from .rule import Exchanges, ReplicaRule, set_grads
 
 
 class CyclicDataParallel(ReplicaRule):
@@ -37,7 +33,7 @@ class CyclicDataParallel(ReplicaRule):
         if stages is not None and (not isinstance(stages, int) or isinstance(stages, bool) or stages < 1):
             raise ValueError(f"{self.name}: stages must be an integer >= 1 (the groups L), got {stages!r}")
         self.stages = stages
-        self.previous: dict[tuple[int, int], Tensor] = {}  # (replica, stage) -> ḡ_{t-1} (delayed cells)
+        self.exchanges = Exchanges(keep=2)  # this step's mean and the previous one
 
     def groups(self, num_stages: int) -> tuple[int, list[int]]:
         """L, and the group of each of the model's ``num_stages`` stages."""
@@ -55,38 +51,32 @@ class CyclicDataParallel(ReplicaRule):
     def late(self, replica: int, group: int, L: int) -> bool:
         raise NotImplementedError
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(stages={self.stages})"
+    def contribute(self, copy, group) -> None:
+        self.exchanges.give(copy, group)
 
-    def launch(self, copies: Sequence[StageCopy], group: ReplicaGroup) -> Finish:
-        flats = [flat_grads(c.params) for c in copies]
-        wait = group.all_reduce_mean(flats) if group.size > 1 else no_exchange
+    def ready(self, copy, group) -> bool:
+        if self.delayed(copy.replica, copy.index, copy.num_stages):
+            return copy.steps == 0 or self.exchanges.launched(copy.index, copy.steps - 1)
+        return self.exchanges.launched(copy.index, copy.steps) and not group.overlaps
 
-        def finish() -> list[bool]:
-            wait()
-            applies = []
-            for c, mean in zip(copies, flats):
-                if not self.delayed(c.replica, c.index, c.num_stages):
-                    set_grads(c.params, mean)
-                    applies.append(True)
-                    continue
-                previous = self.previous.get((c.replica, c.index))
-                self.previous[(c.replica, c.index)] = mean
-                if previous is not None:
-                    set_grads(c.params, previous)
-                applies.append(previous is not None)
-            return applies
-
-        return finish
+    def complete(self, copy, group) -> bool:
+        step = copy.steps - 1 if self.delayed(copy.replica, copy.index, copy.num_stages) else copy.steps
+        if step < 0:
+            return False  # the first step of a late cell: nothing to apply yet
+        set_grads(copy.params, self.exchanges.mean(copy.index, step, copy.replica))
+        return True
 
     def state_dict(self) -> dict:
-        return {"previous": {key: t.detach().cpu() for key, t in self.previous.items()}}
+        return {"exchanges": self.exchanges.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.previous = dict(state.get("previous", {}))
+        self.exchanges.load_state_dict(state.get("exchanges", {}))
 
     def to(self, device) -> None:
-        self.previous = {key: t.to(device) for key, t in self.previous.items()}
+        self.exchanges.to(device)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(stages={self.stages})"
 
 
 class CDP1(CyclicDataParallel):

@@ -1,14 +1,22 @@
-"""The replica-rule contract and its first rule, data parallelism (``dp``).
+"""The replica-rule contract, the exchange of mean gradients, and the first rule, data parallelism.
 
-The rules are listed by name in ``registry.py``. The runner holds, for every stage, the copies of it that this process owns: all R of them in the
-simulator, one on a rank of a distributed run. When a stage has accumulated its k backward
-passes, the runner calls, for that stage, ``rule.launch(copies, group)`` (start the replicas'
-traffic: an asynchronous collective), then ``finish()`` on what it returned (None, or one flag
-per copy: does it take this step? a skipped step leaves the weights and the optimizer state as
-they are, and still advances the learning-rate schedule), then every copy's optimizer step, then
-``rule.after_step(copies, group)``. A rule that remembers something between steps saves it in
-``state_dict`` (checkpoints resume exactly). The launches of every stage due in a tick
-come before the first finish, so their collectives overlap.
+The rules are listed by name in ``registry.py``. The runner holds, for every stage, the copies of
+it that this process owns: all R of them in the simulator, one on a rank of a distributed run.
+A copy's step goes through the rule in three calls:
+
+1. ``contribute(copy, group)``: the copy has accumulated its k backward passes for step
+   ``copy.steps``; the rule takes what the replicas exchange (``dp``: the gradient, into the
+   step's :class:`Exchanges` entry, whose all-reduce starts once every local copy has given its
+   part);
+2. ``ready(copy, group)``: may the copy step now, at the end of this tick? (``dp``: once the mean
+   is there and the group does not overlap its collectives with compute.) A copy that is not
+   ready steps right before its next forward or backward, or before anyone reads its weights;
+3. ``complete(copy, group)``: wait for what the copy needs and set the gradient it steps with;
+   False skips the update (weights and optimizer state stay, the learning-rate schedule advances).
+
+Then the copy's optimizer steps, and once every local copy of the stage has stepped,
+``after_step(copies, group)`` runs (the hook for rules that exchange weights). A rule that
+remembers something between steps saves it in ``state_dict`` (checkpoints resume exactly).
 
 A rule never sees the world, only :class:`ReplicaGroup`: collectives over the R copies of one
 stage. In one process the group combines the local copies itself; on torch.distributed it is the
@@ -33,48 +41,20 @@ class StageCopy(Protocol):
     stage: nn.Module
     params: list[nn.Parameter]
     optimizer: torch.optim.Optimizer
-    steps: int  # optimizer steps taken so far
+    steps: int  # optimizer steps taken so far: the step being prepared is number ``steps``
 
 
 class ReplicaGroup(Protocol):
-    """Collectives over the R copies of one stage; ``tensors`` holds one tensor per local copy, in
-    the order of the copies the rule was given."""
+    """Collectives over the R copies of one stage; ``tensors`` holds one tensor per copy this
+    process holds (``local`` of them), in replica order."""
 
     size: int  # R, the number of replicas
+    local: int  # copies in this process (R in the simulator, 1 on a rank)
+    overlaps: bool  # do its collectives run while this process computes (complete them late)?
 
     def all_reduce_mean(self, tensors: list[Tensor]) -> Callable[[], None]:
         """Start replacing every tensor, in place, by the mean over all R copies; returns the wait."""
         ...
-
-
-Finish = Callable[[], "Sequence[bool] | None"]
-
-
-class ReplicaRule:
-    """The rule of a single replica: nothing crosses replicas. Subclasses override the hooks."""
-
-    name = "none"
-
-    def launch(self, copies: Sequence[StageCopy], group: ReplicaGroup) -> Finish:
-        """After a stage's k-th backward, before its step: start what the replicas exchange; the
-        returned callable completes it (the runner calls it before stepping)."""
-        return no_exchange
-
-    def after_step(self, copies: Sequence[StageCopy], group: ReplicaGroup) -> None:
-        """After every copy of the stage has stepped (weight exchanges, averaging, ...)."""
-
-    def state_dict(self) -> dict:
-        """What the rule remembers between steps (for this process's copies)."""
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-    def to(self, device) -> None:
-        """Move what the rule remembers to ``device`` (after loading a checkpoint)."""
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
 
 
 def no_exchange() -> None:
@@ -100,6 +80,94 @@ def set_grads(params: Sequence[nn.Parameter], flat: Tensor) -> None:
         offset += n
 
 
+class Exchanges:
+    """The mean of the copies' gradients for each (stage, step), over the R replicas.
+
+    A copy gives its flat gradient with :meth:`give`; when every copy this process holds has given
+    its part, the all-reduce starts. :meth:`mean` waits for it. The last ``keep`` steps of each
+    stage are kept (a rule that applies a mean one step late reads the previous one)."""
+
+    def __init__(self, keep: int = 2):
+        self.keep = keep
+        self.parts: dict[tuple[int, int], dict[int, Tensor]] = {}  # (stage, step) -> replica -> flat
+        self.waits: dict[tuple[int, int], Callable[[], None]] = {}  # launched, not yet waited for
+        self.done: set[tuple[int, int]] = set()  # the parts hold the mean
+
+    def give(self, copy: StageCopy, group: ReplicaGroup) -> None:
+        key = (copy.index, copy.steps)
+        parts = self.parts.setdefault(key, {})
+        parts[copy.replica] = flat_grads(copy.params)
+        if len(parts) == group.local:
+            self.waits[key] = group.all_reduce_mean([parts[r] for r in sorted(parts)]) if group.size > 1 \
+                else no_exchange
+            for old in [k for k in self.parts if k[0] == copy.index and k[1] <= copy.steps - self.keep]:
+                self.parts.pop(old)
+                self.waits.pop(old, None)
+                self.done.discard(old)
+
+    def launched(self, stage: int, step: int) -> bool:
+        return (stage, step) in self.waits or (stage, step) in self.done
+
+    def mean(self, stage: int, step: int, replica: int) -> Tensor:
+        """The mean gradient of ``stage``'s step ``step`` (as ``replica`` holds it); waits for it."""
+        key = (stage, step)
+        if not self.launched(stage, step):
+            raise RuntimeError(f"stage {stage}: the mean gradient of step {step} is needed before every replica has "
+                               f"given its part (a cyclic offset this rule cannot absorb: a real system would stall)")
+        if key in self.waits:
+            self.waits.pop(key)()
+            self.done.add(key)
+        return self.parts[key][replica]
+
+    def state_dict(self) -> dict:
+        if any(key not in self.waits and key not in self.done for key in self.parts):
+            raise RuntimeError("a checkpoint in the middle of an exchange (some replicas have not given their part)")
+        for key in list(self.waits):
+            self.waits.pop(key)()
+            self.done.add(key)
+        return {key: {r: t.detach().cpu() for r, t in parts.items()} for key, parts in self.parts.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.parts = {key: dict(parts) for key, parts in state.items()}
+        self.waits, self.done = {}, set(self.parts)
+
+    def to(self, device) -> None:
+        self.parts = {key: {r: t.to(device) for r, t in parts.items()} for key, parts in self.parts.items()}
+
+
+class ReplicaRule:
+    """The rule of a single replica: nothing crosses replicas. Subclasses override the hooks."""
+
+    name = "none"
+
+    def contribute(self, copy: StageCopy, group: ReplicaGroup) -> None:
+        """``copy`` has accumulated the gradient of its step ``copy.steps``: take what is exchanged."""
+
+    def ready(self, copy: StageCopy, group: ReplicaGroup) -> bool:
+        """May ``copy`` step now, at the end of the tick, without waiting?"""
+        return True
+
+    def complete(self, copy: StageCopy, group: ReplicaGroup) -> bool:
+        """Wait for what ``copy`` needs and set the gradient it steps with; False: skip the update."""
+        return True
+
+    def after_step(self, copies: Sequence[StageCopy], group: ReplicaGroup) -> None:
+        """After every local copy of the stage has taken the same step (weight exchanges, ...)."""
+
+    def state_dict(self) -> dict:
+        """What the rule remembers between steps (for this process's copies)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def to(self, device) -> None:
+        """Move what the rule remembers to ``device`` (after loading a checkpoint)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
 class DataParallel(ReplicaRule):
     """``dp``: every copy steps with the mean of the R replicas' accumulated gradients (one flat
     all-reduce per stage and step). Replicas start identical and stay identical in their weights;
@@ -107,15 +175,17 @@ class DataParallel(ReplicaRule):
 
     name = "dp"
 
-    def launch(self, copies: Sequence[StageCopy], group: ReplicaGroup) -> Finish:
-        if group.size == 1:
-            return no_exchange
-        flats = [flat_grads(c.params) for c in copies]
-        wait = group.all_reduce_mean(flats)
+    def __init__(self):
+        self.exchanges = Exchanges(keep=1)
 
-        def finish() -> None:
-            wait()
-            for c, flat in zip(copies, flats):
-                set_grads(c.params, flat)
+    def contribute(self, copy, group) -> None:
+        if group.size > 1:
+            self.exchanges.give(copy, group)
 
-        return finish
+    def ready(self, copy, group) -> bool:
+        return group.size == 1 or (self.exchanges.launched(copy.index, copy.steps) and not group.overlaps)
+
+    def complete(self, copy, group) -> bool:
+        if group.size > 1:
+            set_grads(copy.params, self.exchanges.mean(copy.index, copy.steps, copy.replica))
+        return True

@@ -51,7 +51,8 @@ def _panels(keys: list, width: float = 4.2, height: float = 3.2):
     return fig, list(axes[0])
 
 
-def _empty(message: str):
+def empty_figure(message: str):
+    """A figure that only says ``message`` (nothing to draw for this profile)."""
     fig, ax = plt.subplots(figsize=(5, 2))
     ax.axis("off")
     ax.text(0.5, 0.5, message, ha="center", va="center", wrap=True)
@@ -71,7 +72,7 @@ def fig4_accumulation(summary: pd.DataFrame, profile: str):
     pipelined = summary[summary.method.isin(PIPELINED)]
     keys = sorted({(r.dataset, r.arch) for r in pipelined.itertuples()})
     if not keys:
-        return _empty(f"profile {profile}: no pipelined runs")
+        return empty_figure(f"profile {profile}: no pipelined runs")
     fig, axes = _panels(keys)
     palette = dict(zip(PIPELINED, sns.color_palette("deep", 4)[1:]))
     for ax, (dataset, arch) in zip(axes, keys):
@@ -98,7 +99,7 @@ def fig4_accumulation(summary: pd.DataFrame, profile: str):
 
 def training_curves(history: pd.DataFrame, profile: str):
     if history.empty:
-        return _empty(f"profile {profile}: no runs")
+        return empty_figure(f"profile {profile}: no runs")
     h = history.assign(run=[labels.run_label(m, k) + f", {labels.model_label(a)}"
                             for m, k, a in zip(history.method, history.k, history.arch)])
     datasets = list(h.dataset.unique())
@@ -117,7 +118,7 @@ def training_curves(history: pd.DataFrame, profile: str):
 
 def memory_per_stage(memory: pd.DataFrame, profile: str):
     if memory.empty:
-        return _empty(f"profile {profile}: no runs")
+        return empty_figure(f"profile {profile}: no runs")
     m = memory.groupby(["dataset", "arch", "width", "method", "k", "stage", "kind"], as_index=False).kept_bytes.mean()
     m = m.assign(kept_mb=m.kept_bytes / 1e6, run=[labels.run_label(a, b) for a, b in zip(m.method, m.k)],
                  stage_label=[f"{s}:{k}" for s, k in zip(m.stage, m.kind)])
@@ -139,7 +140,7 @@ def gradient_fidelity(fidelity: pd.DataFrame, profile: str, fallback: pd.DataFra
     data = fidelity
     if data.empty:
         if fallback is None or fallback.empty:
-            return _empty(f"profile {profile}: no fidelity data (set fidelity_every > 0)")
+            return empty_figure(f"profile {profile}: no fidelity data (set fidelity_every > 0)")
         data, source = fallback, "simulated sample (results/costs/fidelity.csv), no run of the profile logged fidelity"
     data = data.assign(label=[labels.METHOD_LABELS.get(m, m) for m in data.method])
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
@@ -160,7 +161,7 @@ SERIES_COLORS = {"petra": 2, "delayed": 1, "dsp": 3, "revbackprop": 4}
 
 def budget_gap(summary: pd.DataFrame, results: pd.DataFrame, profile: str, reference: dict):
     if summary.empty or not varies_budget(summary):
-        return _empty(f"profile {profile} trains one budget per run: no gap-vs-budget curve "
+        return empty_figure(f"profile {profile} trains one budget per run: no gap-vs-budget curve "
                       f"(the budget profile has one)")
     frame = gap_frame(summary, results)
     paper = paper_point(reference)

@@ -81,10 +81,10 @@ def rule_curves(history: pd.DataFrame, profile: str):
     import seaborn as sns
 
     from . import labels
-    from .figures import _empty
+    from .figures import empty_figure
 
     if history.empty or not varies_rule(history):
-        return _empty(f"profile {profile} varies no replica rule (the cdp profile does)")
+        return empty_figure(f"profile {profile} varies no replica rule (the cdp profile does)")
     stages = history["rule_stages"] if "rule_stages" in history.columns else [None] * len(history)
     h = history.assign(rule=[rule_label(r, s) for r, s in zip(history.replica_rule, stages)])
     order = sorted(h.rule.unique(), key=lambda x: [RULE_LABELS[k] for k in RULE_ORDER].index(x.split(" ")[0])

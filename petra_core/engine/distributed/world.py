@@ -41,7 +41,7 @@ class DistributedReplicaGroup:
     """The R copies of this rank's stages, one per replica: the replica axis of the device mesh. Its
     collectives run while the rank computes (``overlaps``: the runner completes them late)."""
 
-    overlaps = True
+    overlaps, local = True, 1
 
     def __init__(self, group, size: int, collective: Callable):
         self.group, self.size, self.collective = group, size, collective
