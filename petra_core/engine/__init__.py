@@ -1,6 +1,7 @@
 """The stage worker, the one tick runner and its worlds (in-process; torch.distributed)."""
 from .messages import BackwardMsg, ForwardMsg
-from .pipeline import Pipeline, assemble, build_workers, check_k, run_stage_tick, schedule_for
+from .assembly import assemble, build_workers, check_k, schedule_for
+from .pipeline import Pipeline, run_stage_tick
 from .simulator import Simulator, simulate
 from .worker import HeadLog, HeadRecord, StageWorker
 from .world import LocalWorld

@@ -1,5 +1,5 @@
 """The one tick runner: :class:`Pipeline` (stage workers of each replica, a schedule, a replica
-rule, a world) and how to assemble one.
+rule, a world); ``assembly.py`` puts one together.
 
 The same runner and per-stage code (:func:`run_stage_tick`) serve the simulator (every replica
 and stage in a :class:`~petra_core.engine.world.LocalWorld`) and each rank of a distributed run.
@@ -14,61 +14,19 @@ replica accumulating R minibatches sees.
 """
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from ..methods import Method, check_method_fits, get_method
-from ..models import StagedModel
-from ..optim import Recipe, make_optimizer
+from ..methods import Method
 from ..replicas import ReplicaRule, get_rule
+from .assembly import GetBatch, Replica
 from .messages import ForwardMsg
 from .observers import Observer
 from .schedule import Action, Schedule
 from .worker import HeadRecord, StageWorker
-
-GetBatch = Callable[[int], tuple[Tensor, Tensor]]  # minibatch id of the run's stream -> (images, labels)
-
-
-def check_k(k: object) -> int:
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"accumulation k must be an integer >= 1, got {k!r}")
-    return k
-
-
-def schedule_for(method: str | Method, num_stages: int, num_batches: int) -> Schedule:
-    return Schedule(get_method(method).schedule, num_stages, num_batches)
-
-
-def build_workers(
-    model: StagedModel,
-    method: str | Method,
-    *,
-    k: int = 1,
-    recipe: Recipe = Recipe(),
-    batch_size: int,
-    batches_per_epoch: float,
-    stages: range | None = None,
-    replica: int = 0,
-) -> list[StageWorker]:
-    """One worker per stage (or per stage in ``stages``, for a rank of a distributed run) of one
-    replica's ``model``. Stages must already be on their devices. ``batch_size`` is what the
-    learning rate scales with: the batch of one optimizer step over all replicas."""
-    method = get_method(method)
-    check_method_fits(method, model)
-    k = check_k(k)
-    J = len(model)
-    workers = []
-    for j in stages if stages is not None else range(J):
-        opt, sched = make_optimizer(model[j], recipe, batch_size=batch_size, k=k, steps_per_epoch=batches_per_epoch / k)
-        send_back = j > 0 and method.policy_for(model[j - 1], last=False).needs_output_back
-        workers.append(StageWorker(model[j], j, J, method.storage_for(model[j], last=j == J - 1), opt, sched,
-                                   k=k, send_input_back=send_back, replica=replica))
-    return workers
 
 
 def run_stage_tick(worker: StageWorker, action: Action, world, fetch: Callable[[int, int], tuple] | None,
@@ -110,85 +68,6 @@ def run_stage_tick(worker: StageWorker, action: Action, world, fetch: Callable[[
             world.send_backward(r, j, out)
             for o in observers:
                 o.sent(worker, "backward", out)
-
-
-@dataclass
-class Replica:
-    """One replica's copy of the model and the workers of the stages this process holds of it."""
-
-    index: int
-    model: StagedModel
-    workers: list[StageWorker]
-
-
-def assemble(model: StagedModel, method: str | Method, world, *, num_batches: int, get_batch: GetBatch | None,
-             batch_size: int, k: int = 1, recipe: Recipe = Recipe(), batches_per_epoch: float | None = None,
-             placement="even", measure: Callable | None = None, sample: tuple[Tensor, Tensor] | None = None,
-             sync_timing: bool = False, rule: str | ReplicaRule | None = None) -> dict:
-    """The parts of a :class:`Pipeline` of ``model`` in ``world``: ``Pipeline(**assemble(...))``.
-
-    ``num_batches`` and ``batches_per_epoch`` count each replica's minibatches. Every rank calls
-    it alike, with an identical ``model`` (same seed; ranks check they agree); each replica this
-    process holds gets its own copy of it. Rank 0 decides the placement of stages on the pipeline
-    positions (``"even"``, ranges like ``"0-3,4-9"``, or ``"balanced"``: costs from
-    ``measure(model, sample or get_batch(0), method=, device=)``, e.g.
-    :func:`petra_core.accounting.measure_stage_costs`). This process's stages move to their
-    devices (``world.device_for``); ``get_batch`` is called only where stage 0 lives.
-    """
-    from .placement import parse_placement
-
-    method, rule = get_method(method), get_rule(rule)
-    J, R = len(model), world.mesh.replicas
-    if getattr(rule, "stages", None) is not None:
-        rule.groups(J)  # a bad number of groups: one line now, not at the first step
-    schedule = schedule_for(method, J, num_batches)
-    if world.world_size > 1:
-        from .distributed.world import model_fingerprint
-
-        config = (getattr(model, "arch", None), J, method.name, rule.name, str(world.mesh), num_batches, k, batch_size,
-                  model_fingerprint(model))
-        configs = world.all_objects(config)
-        differ = [r for r, c in enumerate(configs) if c != configs[0]]
-        if differ:
-            raise ValueError(f"ranks disagree on (arch, stages, method, rule, mesh, minibatches, k, batch, weights): "
-                             f"rank 0 has {configs[0][:-1]}, ranks {differ} differ (same seed on every rank?): "
-                             + "; ".join(f"rank {r}: {configs[r][:-1]}" for r in differ))
-    decision = None
-    if world.is_main:
-        try:
-            costs = None
-            if placement == "balanced":
-                if measure is None or (get_batch is None and sample is None):
-                    raise ValueError("placement 'balanced' needs measured stage costs: pass measure= (e.g. "
-                                     "petra_core.accounting.measure_stage_costs) and a sample minibatch")
-                costs = measure(model, sample if sample is not None else get_batch(0), method=method,
-                                device=world.device_for(0) or next(model.parameters()).device)
-            decision = (parse_placement(placement, J, world.mesh.positions, costs), costs)
-        except ValueError as err:  # a bad spec: every rank raises it, none waits for the others
-            decision = str(err)
-    decision = world.share(decision)
-    if isinstance(decision, str):
-        raise ValueError(decision)
-    ranges, stage_costs = decision
-    world.connect(ranges, schedule, backward=method.gradients_cross)
-    models = {r: model if i == 0 else copy.deepcopy(model) for i, r in enumerate(world.replicas)}
-    for m in models.values():
-        for j in world.stages:
-            if world.device_for(j) is not None:
-                m[j].to(world.device_for(j))
-    first = next(model[world.stages.start].parameters()).device
-    if get_batch is not None and first.type != "cpu":
-        user_get_batch = get_batch
-
-        def get_batch(mb: int):  # stage 0's device: labels travel with the activations
-            return tuple(t.to(first, non_blocking=True) for t in user_get_batch(mb))
-
-    replicas = [Replica(r, m, build_workers(m, method, k=k, recipe=recipe, batch_size=batch_size * R,
-                                            batches_per_epoch=batches_per_epoch or max(num_batches, 1),
-                                            stages=world.stages, replica=r))
-                for r, m in models.items()]
-    return dict(replicas=replicas, schedule=schedule, world=world, get_batch=get_batch, method=method, rule=rule,
-                stage_costs=stage_costs, sync_timing=sync_timing)
 
 
 class Pipeline:

@@ -7,7 +7,8 @@ from ..methods import Method
 from ..models import StagedModel
 from ..optim import Recipe
 from ..replicas import ReplicaRule
-from .pipeline import GetBatch, Pipeline, assemble
+from .assembly import GetBatch, assemble
+from .pipeline import Pipeline
 from .world import LocalWorld
 
 
@@ -15,7 +16,9 @@ class Simulator(Pipeline):
     """Run ``method`` on ``model`` for ``num_batches`` minibatches per replica given by
     ``get_batch(mb)`` (replica r's t-th is ``get_batch(t * replicas + r)``). The pipeline is drained
     at the end; a final partial accumulation group is applied as its mean. ``replicas`` copies of
-    the pipeline combine their stages' gradients by ``rule`` (default ``dp``)."""
+    the pipeline combine their stages' gradients by ``rule`` (default ``dp``); with ``offset``,
+    replica r runs its schedule ``offset * r`` ticks after replica 0 (cyclic execution). ``world``:
+    a :class:`LocalWorld` of ``replicas`` to use (one that measures, say)."""
 
     def __init__(
         self,
@@ -30,10 +33,13 @@ class Simulator(Pipeline):
         batches_per_epoch: float | None = None,
         replicas: int = 1,
         rule: str | ReplicaRule | None = None,
+        offset: int = 0,
+        world: LocalWorld | None = None,
     ):
-        super().__init__(**assemble(model, method, LocalWorld(replicas=replicas), num_batches=num_batches,
+        world = world if world is not None else LocalWorld(replicas=replicas)
+        super().__init__(**assemble(model, method, world, num_batches=num_batches,
                                     get_batch=get_batch, batch_size=batch_size, k=k, recipe=recipe,
-                                    batches_per_epoch=batches_per_epoch, rule=rule))
+                                    batches_per_epoch=batches_per_epoch, rule=rule), offset=offset)
 
 
 def simulate(model: StagedModel, method: str | Method, batches, *, k: int = 1, recipe: Recipe = Recipe(),

@@ -20,7 +20,7 @@ def cmd_results(args) -> int:
 def cmd_tables(args) -> int:
     from .tables import render_all
 
-    for path in render_all(args.results, args.costs, args.out, profile=Path(args.results).name):
+    for path in render_all(args.results, args.costs, args.out, profile=Path(args.results).name, cyclic_dir=args.cyclic):
         print(path)
     return 0
 
@@ -28,7 +28,7 @@ def cmd_tables(args) -> int:
 def cmd_figures(args) -> int:
     from .figures import draw_all
 
-    for path in draw_all(args.results, args.costs, args.out, profile=Path(args.results).name):
+    for path in draw_all(args.results, args.costs, args.out, profile=Path(args.results).name, cyclic_dir=args.cyclic):
         print(path)
     return 0
 
@@ -49,5 +49,6 @@ def register(sub) -> None:
         p = sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".")
         p.add_argument("--results", required=True, help="a profile's results directory, e.g. results/cpu")
         p.add_argument("--costs", default="results/costs", help="cached cost measurements (petra costs)")
+        p.add_argument("--cyclic", default="results/cyclic", help="cached cyclic-execution measurement (petra cyclic)")
         p.add_argument("--out", required=True, help="output directory")
         p.set_defaults(func=func)

@@ -26,7 +26,7 @@ from . import labels  # noqa: E402
 from .budget import METRICS, at_largest_budget, gap_frame, paper_point, trend, trend_curve, varies_budget  # noqa: E402
 
 FIGURES = ("fig4_accumulation", "training_curves", "memory_per_stage", "gradient_fidelity", "budget_gap",
-           "replica_rules")
+           "replica_rules", "cyclic")
 FORMATS = {"png": {"dpi": 150, "metadata": {"Software": None}}, "pdf": {"metadata": {"CreationDate": None}}}
 PIPELINED = ("delayed", "dsp", "petra")
 
@@ -192,9 +192,11 @@ def budget_gap(summary: pd.DataFrame, results: pd.DataFrame, profile: str, refer
     return fig
 
 
-def draw_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path, profile: str) -> list[Path]:
+def draw_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path, profile: str,
+             cyclic_dir: str | Path | None = None) -> list[Path]:
     from ..reference import load_paper_reference
     from . import costs as costs_mod
+    from . import cyclic as cyclic_mod
     from .replicas import rule_curves
     from . import results as results_mod
 
@@ -209,5 +211,6 @@ def draw_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path
             "memory_per_stage": memory_per_stage(frames["memory"], profile),
             "gradient_fidelity": gradient_fidelity(frames["fidelity"], profile, fallback),
             "budget_gap": budget_gap(summary, frames["results"], profile, load_paper_reference()),
-            "replica_rules": rule_curves(history, profile)}
+            "replica_rules": rule_curves(history, profile),
+            "cyclic": cyclic_mod.cyclic_figure(cyclic_mod.load(cyclic_dir))}
     return [path for name, fig in figs.items() for path in save(fig, out_dir, name)]

@@ -19,7 +19,8 @@ from .replicas import rule_context
 
 TEMPLATES = Path(__file__).parent / "templates"
 TABLES = {"table1_costs": "Table 1", "table2_accuracy": "Table 2", "table3_memory": "Table 3",
-          "budget_gap": "the gap against training budget", "replica_rules": "replica rules against DP"}
+          "budget_gap": "the gap against training budget", "replica_rules": "replica rules against DP",
+          "cyclic": "cyclic execution: memory, gradient traffic, devices"}
 FORMATS = ("md", "tex")
 QUANTITIES = ("activations", "params", "comm", "flops", "time")
 
@@ -208,9 +209,11 @@ def _series_cell(g: pd.DataFrame, method: str, k: int, metric: str) -> dict:
 
 
 # ---- rendering ----------------------------------------------------------------------------------
-def render_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path, profile: str) -> list[Path]:
-    """Write ``table{1,2,3}_*.{md,tex}`` into ``out_dir``; returns the paths."""
+def render_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path, profile: str,
+               cyclic_dir: str | Path | None = None) -> list[Path]:
+    """Write every table of ``TABLES`` (``.md`` and ``.tex``) into ``out_dir``; returns the paths."""
     from . import costs as costs_mod
+    from . import cyclic as cyclic_mod
     from . import results as results_mod
 
     frames = results_mod.load(results_dir)
@@ -220,7 +223,8 @@ def render_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Pa
                 "table2_accuracy": table2_context(frames, profile, reference),
                 "table3_memory": table3_context(costs, frames, profile, reference),
                 "budget_gap": budget_context(frames, profile, reference),
-                "replica_rules": rule_context(frames, profile)}
+                "replica_rules": rule_context(frames, profile),
+                "cyclic": cyclic_mod.cyclic_context(cyclic_mod.load(cyclic_dir))}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []

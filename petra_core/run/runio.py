@@ -21,6 +21,7 @@ import yaml
 CONFIG, ENV, HISTORY, METRICS, CHECKPOINT = "config.yaml", "env.json", "history.json", "metrics.json", "checkpoint.pt"
 FIDELITY = "fidelity.csv"  # a run's gradient-fidelity log (fidelity_every > 0)
 # the measured cost tables (``petra costs``, accounting) that the report reads (results/costs/)
+CYCLIC_FILES = ("cyclic_profile.csv", "cyclic_summary.csv", "cyclic.json")  # petra cyclic
 COST_FILES = ("table1_per_stage.csv", "table1.csv", "network_costs.csv", "table3.csv", "fidelity.csv", "costs.json")
 
 

@@ -24,7 +24,7 @@ from petra_core.accounting import measure_stage_costs
 from petra_core.engine.distributed import DEFAULT_TIMEOUT, DistributedPipeline, PipelineError
 from petra_core.engine.observers import Observer
 from petra_core.replicas import get_rule
-from petra_core.engine.pipeline import GetBatch
+from petra_core.engine.assembly import GetBatch
 from petra_core.engine.placement import format_stages
 from petra_core.engine.launch import fail, init_distributed, launch_local
 from petra_core.engine.placement import format_placement

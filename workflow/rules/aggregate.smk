@@ -35,3 +35,20 @@ rule costs:
     threads: 1
     shell:
         "petra costs --out {params.out:q} --settings {params.settings:q} > {log:q} 2>&1"
+
+
+rule cyclic:
+    """Cyclic execution measured in the simulator (Cyclic Data Parallelism against DP): activation
+    and gradient bytes of every time slot, their peaks and means over one step, and the devices
+    each schedule needs. Profile-independent and committed, like the costs (no input files)."""
+    output:
+        multiext(f"{CYCLIC}/", *CYCLIC_FILES),
+    conda:
+        "../envs/petra.yaml"
+    log:
+        "logs/cyclic.log",
+    params:
+        out=lambda wildcards, output: os.path.dirname(output[0]),
+    threads: 1
+    shell:
+        "petra cyclic --out {params.out:q} > {log:q} 2>&1"

@@ -7,6 +7,7 @@ rule figures:
         memory=f"{RESULTS}/memory.csv",
         fidelity=f"{RESULTS}/fidelity.csv",
         costs=rules.costs.output,
+        cyclic=rules.cyclic.output,
         code=REPORT_CODE,
     output:
         report(
@@ -23,5 +24,6 @@ rule figures:
         profile=PROFILE,
         results=lambda wildcards, input: os.path.dirname(input.summary),
         costs=lambda wildcards, input: os.path.dirname(input.costs[0]),
+        cyclic=lambda wildcards, input: os.path.dirname(input.cyclic[0]),
     shell:
-        "petra figures --results {params.results:q} --costs {params.costs:q} --out {output:q} > {log:q} 2>&1"
+        "petra figures --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --out {output:q} > {log:q} 2>&1"

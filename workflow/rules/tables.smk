@@ -5,6 +5,7 @@ rule tables:
         summary=f"{RESULTS}/summary.csv",
         results=f"{RESULTS}/results.csv",
         costs=rules.costs.output,
+        cyclic=rules.cyclic.output,
         reference=REFERENCE,
         templates=TEMPLATES,
         code=REPORT_CODE,
@@ -23,5 +24,6 @@ rule tables:
         profile=PROFILE,
         results=lambda wildcards, input: os.path.dirname(input.summary),
         costs=lambda wildcards, input: os.path.dirname(input.costs[0]),
+        cyclic=lambda wildcards, input: os.path.dirname(input.cyclic[0]),
     shell:
-        "petra tables --results {params.results:q} --costs {params.costs:q} --out {output:q} > {log:q} 2>&1"
+        "petra tables --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --out {output:q} > {log:q} 2>&1"

@@ -5,7 +5,8 @@ import torch
 
 from ...methods import Method
 from ...models import StagedModel
-from ..pipeline import Pipeline, assemble
+from ..assembly import assemble
+from ..pipeline import Pipeline
 from .failures import DEFAULT_TIMEOUT
 from .world import DistributedWorld
 
