@@ -107,3 +107,26 @@ def test_a_pipeline_is_freed_on_del():
         assert [r() for r in refs] == [None, None, None], "a reference cycle keeps the pipeline alive"
     finally:
         gc.enable()
+
+
+def test_observers_see_every_phase_in_order():
+    from petra_core.engine.observers import PHASES
+
+    seen = []
+
+    class Log(Observer):
+        def before(self, phase, worker, mb):
+            seen.append(("before", phase, worker.index))
+
+        def after(self, phase, worker, mb):
+            seen.append(("after", phase, worker.index))
+
+    data = make_batches(2, dtype=torch.float32, batch=4)
+    sim = Simulator(make_model(dtype=torch.float32), "backprop", num_batches=2, get_batch=data.__getitem__,
+                    batch_size=4)
+    sim.observers.append(Log())
+    sim.run()
+    assert {p for _, p, _ in seen} == set(PHASES)
+    stage1 = [(when, p) for when, p, j in seen if j == 1][:8]
+    assert stage1 == [("before", "forward"), ("after", "forward"), ("before", "send"), ("after", "send"),
+                      ("before", "rebuild"), ("after", "rebuild"), ("before", "backward"), ("after", "backward")]

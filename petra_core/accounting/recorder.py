@@ -79,6 +79,8 @@ class Recorder(Observer):
 
     # ---- the runner's hooks ---------------------------------------------------------------------
     def before(self, phase: str, worker, mb: int | None) -> None:
+        if phase == "send":  # messages are recorded by sent(); a hand-over to the world is not a phase here
+            return
         if not self._mine(worker):
             return
         stale = self._open.pop(id(worker), None)
@@ -91,7 +93,7 @@ class Recorder(Observer):
         self._open[id(worker)] = (time.perf_counter(), counter)
 
     def after(self, phase: str, worker, mb: int | None) -> None:
-        if not self._mine(worker) or id(worker) not in self._open:
+        if phase == "send" or not self._mine(worker) or id(worker) not in self._open:
             return
         t0, counter = self._open.pop(id(worker))
         secs = time.perf_counter() - t0

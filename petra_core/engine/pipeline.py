@@ -48,8 +48,11 @@ def run_stage_tick(worker: StageWorker, action: Action, world, fetch: Callable[[
         for o in observers:
             o.after("forward", worker, mb)
         if out is not None:
+            for o in observers:
+                o.before("send", worker, mb)
             world.send_forward(r, j, out)
             for o in observers:
+                o.after("send", worker, mb)
                 o.sent(worker, "forward", out)
     if action.backward is not None:
         mb = action.backward
@@ -65,8 +68,11 @@ def run_stage_tick(worker: StageWorker, action: Action, world, fetch: Callable[[
         for o in observers:
             o.after("backward", worker, mb)
         if out is not None:
+            for o in observers:
+                o.before("send", worker, mb)
             world.send_backward(r, j, out)
             for o in observers:
+                o.after("send", worker, mb)
                 o.sent(worker, "backward", out)
 
 
