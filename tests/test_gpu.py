@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -195,12 +197,21 @@ def test_the_gpu_benchmark_runs(tmp_path):
     try:
         import bench_gpu
 
-        out = bench_gpu.main(["--device", "cpu", "--quick", "--methods", "backprop,petra", "--out", str(tmp_path)])
+        out = bench_gpu.main(["--device", "cpu", "--quick", "--inject-oom", "delayed", "--settings", "training",
+                              "--out", str(tmp_path)])  # the default method list: every method
     finally:
         sys.path.remove(sys_path)
         sys.modules.pop("bench_gpu", None)
-    assert [r["method"] for r in out["rows"]] == ["backprop", "petra"] and "petra_over_backprop_step" in out["ratios"][0]
-    assert list(tmp_path.glob("*.json"))
+    from petra_core import METHODS
+
+    assert [r["method"] for r in out["rows"]] == list(METHODS)
+    oom = [r for r in out["rows"] if r.get("oom")]
+    assert [r["method"] for r in oom] == ["delayed"] and oom[0]["tried_bytes"] == 2**40
+    assert not any(r.get("error") and not r.get("oom") for r in out["rows"]), out["rows"]
+    assert all(r["host_s_per_tick"] > 0 for r in out["rows"] if not r.get("oom"))
+    assert "petra_over_backprop_step" in out["ratios"][0]
+    (written,) = tmp_path.glob("*.json")
+    assert json.loads(written.read_text())["rows"] == out["rows"]
 
 
 # ---- machines with several GPUs: local slots, SLURM ----------------------------------------------
