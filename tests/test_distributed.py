@@ -190,3 +190,11 @@ def test_hung_rank_times_out_and_every_rank_exits():
         assert "stopped responding" in procs[r].err and "(rank 1)" in procs[r].err.splitlines()[0], procs[r].err
     assert "stopping at tick 6 because of it" in procs[1].err
 
+
+
+def test_a_rank_never_shares_a_gpu_by_wrapping_around():
+    from petra_core.engine.launch import local_gpu
+
+    assert local_gpu(1, 2) == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match=r"LOCAL_RANK=2 but 2 GPU\(s\) are visible on this node: launch at most 2"):
+        local_gpu(2, 2)

@@ -21,10 +21,18 @@ import torch.distributed as dist
 from .distributed.failures import DEFAULT_TIMEOUT, PipelineError
 
 
+def local_gpu(local_rank: int, count: int) -> torch.device:
+    """This node's GPU for ``LOCAL_RANK`` (never two ranks on one GPU by wrapping around)."""
+    if not 0 <= local_rank < count:
+        raise ValueError(f"LOCAL_RANK={local_rank} but {count} GPU(s) are visible on this node: launch at most "
+                         f"{count} rank(s) per node (torchrun --nproc-per-node={count}) or pass device=cpu")
+    return torch.device("cuda", local_rank)
+
+
 def default_device(backend: str | None = None) -> torch.device:
     """``cuda:{LOCAL_RANK}`` when CUDA is available (and the backend is not gloo), else CPU."""
     if torch.cuda.is_available() and backend != "gloo":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        return local_gpu(int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count())
     return torch.device("cpu")
 
 
@@ -39,7 +47,7 @@ def init_distributed(backend: str | None = None, *, timeout: float = DEFAULT_TIM
     device = torch.device(device) if device is not None else default_device(backend)
     if device.type == "cuda":
         if device.index is None:
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+            device = local_gpu(int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count())
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         backend = backend or ("nccl" if device.type == "cuda" else "gloo")
