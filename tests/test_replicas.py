@@ -130,3 +130,20 @@ def test_observers_see_every_phase_in_order():
     stage1 = [(when, p) for when, p, j in seen if j == 1][:8]
     assert stage1 == [("before", "forward"), ("after", "forward"), ("before", "send"), ("after", "send"),
                       ("before", "rebuild"), ("after", "rebuild"), ("before", "backward"), ("after", "backward")]
+
+
+def test_restored_messages_go_to_the_receiving_stages_device():
+    """A checkpoint is read onto the CPU; a restored message must not stay there (an NCCL rank would
+    pass its labels on from the CPU)."""
+    from petra_core.engine.messages import ForwardMsg
+    from petra_core.engine.world import LocalWorld
+
+    source = LocalWorld()
+    source.connect([range(0, 4)])
+    source.send_forward(0, 1, ForwardMsg(3, torch.ones(2, 3), torch.tensor([1, 2])))
+    state = source.state_dict()
+    world = LocalWorld(devices=[torch.device("meta")])
+    world.connect([range(0, 4)])
+    world.load_state_dict(state)
+    msg = world.recv_forward(0, 2)
+    assert msg.mb == 3 and msg.activation.device.type == "meta" and msg.labels.device.type == "meta"

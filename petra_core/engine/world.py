@@ -176,11 +176,17 @@ class LocalWorld:
         return {key: [(type(m).__name__, dataclasses.asdict(m)) for m in q] for key, q in self.queues.items() if q}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the FIFOs; every tensor goes to the device of the stage that receives it (a
+        checkpoint is read onto the CPU, and a message may be passed on to another GPU or rank)."""
         kinds = {"ForwardMsg": ForwardMsg, "BackwardMsg": BackwardMsg}
         self.queues.clear()
         for key, msgs in state.items():
             key = tuple(key) if len(key) == 3 else (0, *key)  # petra <= 0.1: no replica in the key
-            self.queues[key].extend(kinds[name](**fields) for name, fields in msgs)
+            device = self.device_for(key[2]) if self.placement else None
+            for name, fields in msgs:
+                if device is not None:
+                    fields = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in fields.items()}
+                self.queues[key].append(kinds[name](**fields))
 
     # ---- collectives (of one) -------------------------------------------------------------------
     def gather_object(self, obj, dst: int = 0) -> list:
