@@ -126,3 +126,15 @@ def test_staged_model_is_a_sequence():
     model = build_model("revnet18", num_classes=10, width=2)
     assert len(model) == 10 and model[0].kind == "S" and model[-1].kind == "H"
     assert [s.kind for s in model] == model.kinds.split()
+
+
+def test_a_model_split_over_two_devices_runs_end_to_end():
+    """Evaluation of a model whose stages sit on several devices (cpu and meta stand in for two GPUs)."""
+    torch.manual_seed(0)
+    model = build_model("revnet18", num_classes=5, width=4)
+    for stage in model[5:]:
+        stage.to("meta")
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.randn(2, 3, 16, 16))
+    assert out.device.type == "meta" and out.shape == (2, 5)

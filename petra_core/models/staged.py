@@ -17,6 +17,16 @@ class StagedModel(nn.Sequential):
         super().__init__(*stages)
         self.arch = arch
 
+    def forward(self, x):
+        """Every stage in turn, the activation moved to each stage's device on the way (a model may
+        have its stages on several GPUs, e.g. for evaluation after a multi-GPU run)."""
+        for stage in self:
+            device = next((t.device for t in stage.parameters()), None)
+            if device is not None and x.device != device:
+                x = x.to(device, non_blocking=True)
+            x = stage(x)
+        return x
+
     def __getitem__(self, index):
         if isinstance(index, slice):  # a contiguous group of stages is again a staged model
             return StagedModel(self.arch, list(self)[index])
