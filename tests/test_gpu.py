@@ -251,3 +251,22 @@ def test_the_slurm_profile_asks_for_the_cpus_a_run_uses():
     train = {**profile["default-resources"], **profile["set-resources"]["train"]}
     assert train["cpus_per_task"] == profile["set-threads"]["train"]  # not the default's 1
     assert "cpus_per_gpu" not in train  # SLURM refuses it beside --cpus-per-task
+
+
+@pytest.mark.slow
+def test_the_first_contact_script_runs_every_part_on_cpu(tmp_path):
+    """benchmarks/gpu_first_contact.sh in its CPU smoke mode: every part runs under its own timeout
+    and leaves its log and status; the interrupted run resumes to the end."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OUT": str(tmp_path), "DEVICE": "cpu", "QUICK": "1", "PYTHON": sys.executable}
+    out = subprocess.run(["bash", str(root / "benchmarks" / "gpu_first_contact.sh")], env=env, capture_output=True,
+                         text=True, timeout=400)
+    assert out.returncode == 0, out.stderr[-2000:]
+    status = dict(line.split("\t")[:2] for line in (tmp_path / "status.tsv").read_text().splitlines()[1:])
+    assert status == {"env": "0", "bench": "0", "resume_interrupted": "130", "resume_finished": "0", "loader": "0"}
+    assert "resuming at tick 20" in (tmp_path / "resume_finished.log").read_text()
+    assert (tmp_path / "resume" / "run" / "metrics.json").exists() and list((tmp_path / "bench").glob("*.json"))
+    assert json.loads((tmp_path / "env.json").read_text())["torch"] == torch.__version__
