@@ -10,6 +10,7 @@
 #   gpu_tests pytest -m gpu with a junit report                                     -> OUT/gpu_tests.xml
 #   bench     bench_gpu.py: RevNet18 CIFAR and RevNet50 ImageNet, every method       -> OUT/bench/*.json
 #   resume    a 2-epoch synthetic `petra train device=cuda` stopped by SIGTERM and resumed; its run files
+#   precision PETRA's reconstruction error per stage under fp32, TF32 and bf16        -> OUT/precision/*.json
 #   loader    bench_loader.py on synthetic data (what the data layer makes, pinned)
 set -u
 OUT=${OUT:?set OUT to the directory the results go to}
@@ -61,6 +62,12 @@ TRAIN=(train dataset=synthetic synthetic_train=512 synthetic_test=128 batch_size
        method=petra "device=$DEVICE" progress=false --run-dir "$RUN")
 part resume_interrupted 90 env PETRA_SIGNAL_AT=0:20:SIGTERM "$PY" -m petra_core.cli "${TRAIN[@]}"
 part resume_finished 90 "$PY" -m petra_core.cli "${TRAIN[@]}"
+
+if [ -n "$QUICK" ]; then
+    part precision 120 "$PY" benchmarks/bench_precision.py --device "$DEVICE" --archs revnet18 --width 8 --out "$OUT/precision"
+else
+    part precision 120 "$PY" benchmarks/bench_precision.py --device "$DEVICE" --out "$OUT/precision"
+fi
 
 LOADER_BATCHES=300
 [ -n "$QUICK" ] && LOADER_BATCHES=30

@@ -266,7 +266,8 @@ def test_the_first_contact_script_runs_every_part_on_cpu(tmp_path):
                          text=True, timeout=400)
     assert out.returncode == 0, out.stderr[-2000:]
     status = dict(line.split("\t")[:2] for line in (tmp_path / "status.tsv").read_text().splitlines()[1:])
-    assert status == {"env": "0", "bench": "0", "resume_interrupted": "130", "resume_finished": "0", "loader": "0"}
+    assert status == {"env": "0", "bench": "0", "resume_interrupted": "130", "resume_finished": "0", "precision": "0",
+                      "loader": "0"}
     assert "resuming at tick 20" in (tmp_path / "resume_finished.log").read_text()
     assert (tmp_path / "resume" / "run" / "metrics.json").exists() and list((tmp_path / "bench").glob("*.json"))
     assert json.loads((tmp_path / "env.json").read_text())["torch"] == torch.__version__

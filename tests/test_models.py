@@ -138,3 +138,20 @@ def test_a_model_split_over_two_devices_runs_end_to_end():
     with torch.no_grad():
         out = model(torch.randn(2, 3, 16, 16))
     assert out.device.type == "meta" and out.shape == (2, 5)
+
+
+def test_reconstruction_error_per_precision_compounds_along_a_chain_of_rebuilds():
+    """PETRA's rebuilt inputs (accounting/reconstruction.py): fp32 within 1e-5; bf16 autocast
+    drifts (about 1e-3 once a rebuild starts from a rebuilt input); kept inputs start chains afresh."""
+    from petra_core.accounting.reconstruction import reconstruction_errors
+
+    torch.manual_seed(0)
+    model = build_model("revnet18", num_classes=5, width=8)
+    x = torch.randn(4, 3, 16, 16)
+    fp32 = reconstruction_errors(model, x, "fp32")
+    bf16 = reconstruction_errors(model, x, "bf16")
+    assert [r["chain"] for r in fp32] == [0, 2, 1, 0, 1, 0, 1, 0, 1, 0]  # S R R D R D R D R H
+    assert all(r["rel_error"] < 1e-5 for r in fp32)
+    assert bf16[1]["rel_error"] > 1e-4 > fp32[1]["rel_error"]  # the rebuild of a rebuilt input
+    with pytest.raises(ValueError, match="precision 'fp8' is not allowed; allowed: fp32, tf32, bf16"):
+        reconstruction_errors(model, x, "fp8")

@@ -1,0 +1,73 @@
+"""How far PETRA's reconstructed inputs drift from the true ones, per stage and numeric precision.
+
+In PETRA a reversible stage rebuilds its input from its output, x̂ = F⁻¹(y), with its current
+weights, and hands x̂ down to the previous stage, which rebuilds its own input from it: errors
+compound along a run of consecutive reversible stages, until a stage that keeps its input (the
+stem, a downsampling stage, the head) starts the chain afresh from an exact value.
+:func:`reconstruction_errors` runs a forward pass under a precision, keeps every stage's true
+input, then rebuilds down the chain under the same precision and reports, per reversible stage,
+the relative error ‖x̂ − x‖ / ‖x‖ and the largest elementwise error relative to max |x|.
+
+Precisions: ``fp32``; ``tf32`` (TF32 matmuls and convolutions on CUDA; the same as fp32 on a
+CPU); ``bf16`` (``torch.autocast`` to bfloat16: convolutions and matmuls in bf16, batch norm
+and additions as autocast decides).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+@contextlib.contextmanager
+def precision(name: str, device: torch.device):
+    """The numeric setting ``name`` for code run on ``device`` (restores TF32 flags after)."""
+    if name not in PRECISIONS:
+        raise ValueError(f"precision {name!r} is not allowed; allowed: {', '.join(PRECISIONS)}")
+    flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = name == "tf32"
+    try:
+        if name == "bf16":
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                yield
+        else:
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+
+
+@torch.no_grad()
+def reconstruction_errors(model, x: torch.Tensor, name: str) -> list[dict]:
+    """Per stage (train mode: batch statistics, as PETRA's reconstruction runs): kind, whether it
+    rebuilds its input, the chain position, and the relative errors of the rebuilt input."""
+    device = x.device
+    model.train()
+    inputs = []
+    with precision(name, device):
+        h = x
+        for stage in model:
+            inputs.append(h.float())
+            h = stage(h)
+        rows = []
+        rebuilt = None  # what the next stage handed down (None: the next stage kept its input)
+        depth = 0
+        for j in reversed(range(len(model))):
+            stage = model[j]
+            if not stage.reversible:
+                rows.append({"stage": j, "kind": stage.kind, "rebuilds": False, "chain": 0, "rel_error": 0.0,
+                             "max_error": 0.0})
+                rebuilt, depth = None, 0
+                continue
+            y = stage(inputs[j]) if rebuilt is None else rebuilt  # the exact output, or the one handed down
+            x_hat = stage.inverse(y).float()
+            true = inputs[j]
+            depth += 1
+            rows.append({"stage": j, "kind": stage.kind, "rebuilds": True, "chain": depth,
+                         "rel_error": float((x_hat - true).norm() / true.norm()),
+                         "max_error": float((x_hat - true).abs().max() / true.abs().max())})
+            rebuilt = x_hat
+    for r in rows:
+        r["precision"] = name
+    return sorted(rows, key=lambda r: r["stage"])
