@@ -228,3 +228,23 @@ def test_bad_method_arguments(kwargs, needle):
     with pytest.raises(ValueError) as err:
         simulate(model, kwargs.pop("method"), make_batches(2), **kwargs)
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,replicas", [(m, 1) for m in METHODS] + [("petra", 2), ("backprop", 2)])
+def test_every_method_runs_a_whole_schedule_on_the_meta_device(method, replicas):
+    """No host sync in a tick: on the meta device every read of a value (.item(), .tolist(),
+    bool(tensor)) raises, so a whole schedule (fill, steady state, steps through the replica
+    rule, the final drain) that completes on meta never waited for a device."""
+    from petra_core import Pipeline
+    from petra_core.engine import LocalWorld, assemble
+
+    model = make_model(method=method)
+    x = torch.empty(2, 3, 16, 16, device="meta")
+    y = torch.empty(2, dtype=torch.long, device="meta")
+    n = 2 * len(model) if METHODS[method].schedule == "pipelined" else 2  # past the fill, into the steady state
+    pipe = Pipeline(**assemble(model, method, LocalWorld(devices=[torch.device("meta")], replicas=replicas),
+                               num_batches=n, get_batch=lambda mb: (x, y), batch_size=2, k=2, recipe=LR))
+    pipe.run()
+    assert pipe.done and all(w.steps == n // 2 for rep in pipe.replicas for w in rep.workers)
+    assert next(pipe.model.parameters()).device.type == "meta"
