@@ -1,7 +1,7 @@
 """Local learning on the same stage split: policies that train a stage from its auxiliary head.
 
 Both keep the stage's forward graph (like backprop) and evaluate the stage's auxiliary head
-(``stage.aux``, see ``models/aux.py``) on its output at backward time, so its activations are
+(``stage.aux``, see ``models/aux_heads.py``) on its output at backward time, so its activations are
 not held between forward and backward.
 
 * :class:`LocalLoss` (method ``local``) — the stage learns from the loss of its own head only;
