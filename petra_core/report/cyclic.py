@@ -41,7 +41,7 @@ def cyclic_figure(measured: dict | None):
     import seaborn as sns
 
     from . import labels
-    from .figures import empty_figure
+    from .plotting import empty_figure
 
     if measured is None:
         return empty_figure("no cyclic-execution measurement (petra cyclic --out results/cyclic)")

@@ -23,6 +23,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from . import labels  # noqa: E402
+from .plotting import empty_figure  # noqa: E402
 from .budget import METRICS, at_largest_budget, gap_frame, paper_point, trend, trend_curve, varies_budget  # noqa: E402
 
 FIGURES = ("fig4_accumulation", "training_curves", "memory_per_stage", "gradient_fidelity", "budget_gap",
@@ -49,14 +50,6 @@ def save(fig, out_dir: Path, name: str) -> list[Path]:
 def _panels(keys: list, width: float = 4.2, height: float = 3.2):
     fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(width * max(1, len(keys)), height), squeeze=False)
     return fig, list(axes[0])
-
-
-def empty_figure(message: str):
-    """A figure that only says ``message`` (nothing to draw for this profile)."""
-    fig, ax = plt.subplots(figsize=(5, 2))
-    ax.axis("off")
-    ax.text(0.5, 0.5, message, ha="center", va="center", wrap=True)
-    return fig
 
 
 def accumulation_metric(summary: pd.DataFrame) -> tuple[str, str]:

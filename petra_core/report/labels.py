@@ -1,6 +1,8 @@
 """Display names and number formats shared by the tables and the figures."""
 from __future__ import annotations
 
+import pandas as pd
+
 import math
 import re
 
@@ -80,3 +82,24 @@ _TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#
 def tex(text) -> str:
     """Escape plain text for LaTeX (and map the few symbols the tables use)."""
     return "".join(_TEX.get(c, c) for c in str(text))
+
+
+def describe_runs(results: pd.DataFrame) -> str:
+    """One line naming what the runs of a profile were: data, width, epochs, batch, hardware."""
+    parts = []
+    for dataset, g in results.groupby("dataset", sort=False):
+        r = g.iloc[0]
+        subset = f", {int(r.cfg_subset)}-example training subset" if not missing(r.get("cfg_subset")) else ""
+        batches = "/".join(str(b) for b in sorted(g.cfg_batch_size.unique()))
+        parts.append(f"{DATASET_LABELS.get(dataset, dataset)}{subset}, width {'/'.join(map(str, sorted(g.width.unique())))}, "
+                     f"{'/'.join(map(str, sorted(g.epochs_done.unique())))} epochs, batch {batches}")
+    env = results.iloc[0]
+    hardware = f"{env.get('env_device', '?')}"
+    if env.get("env_device") == "cpu":
+        hardware += f" ({env.get('env_processor', '?')}, {env.get('env_torch_threads', '?')} thread(s))"
+    elif not missing(env.get("env_gpus")):
+        hardware += f" ({env.get('env_gpus')})"
+    revisions = sorted({str(r)[:12] + ("-dirty" if str(r).endswith("-dirty") else "")
+                        for r in results.get("env_git_revision", pd.Series(dtype=object)).dropna()})
+    code = f", code at revision {', '.join(revisions)}" if revisions else ""
+    return f"{'; '.join(parts)}; trained on {hardware}, torch {env.get('env_torch', '?')}{code}"

@@ -69,7 +69,7 @@ def rule_context(frames: dict, profile: str) -> dict:
             rules.append({"label": rule_label(r["replica_rule"], r["rule_stages"]), "cells": cells})
         context["models"].append({"model": labels.model_label(arch),
                                   "dataset": labels.DATASET_LABELS.get(dataset, dataset), "rules": rules})
-    from .tables import describe_runs
+    from .labels import describe_runs
 
     context["setting"] = describe_runs(frames["results"])
     return context
@@ -81,7 +81,7 @@ def rule_curves(history: pd.DataFrame, profile: str):
     import seaborn as sns
 
     from . import labels
-    from .figures import empty_figure
+    from .plotting import empty_figure
 
     if history.empty or not varies_rule(history):
         return empty_figure(f"profile {profile} varies no replica rule (the cdp profile does)")

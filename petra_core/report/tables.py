@@ -14,6 +14,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from ..reference import load_paper_reference
 from . import labels
+from .labels import describe_runs
 from .budget import METRICS, at_largest_budget, gap_frame, paper_point, trend, varies_budget
 from .replicas import rule_context
 
@@ -39,27 +40,6 @@ def render(name: str, fmt: str, context: dict) -> str:
 
 
 # ---- contexts -----------------------------------------------------------------------------------
-def describe_runs(results: pd.DataFrame) -> str:
-    """One line naming what the runs of a profile were: data, width, epochs, batch, hardware."""
-    parts = []
-    for dataset, g in results.groupby("dataset", sort=False):
-        r = g.iloc[0]
-        subset = f", {int(r.cfg_subset)}-example training subset" if not labels.missing(r.get("cfg_subset")) else ""
-        batches = "/".join(str(b) for b in sorted(g.cfg_batch_size.unique()))
-        parts.append(f"{labels.DATASET_LABELS.get(dataset, dataset)}{subset}, width {'/'.join(map(str, sorted(g.width.unique())))}, "
-                     f"{'/'.join(map(str, sorted(g.epochs_done.unique())))} epochs, batch {batches}")
-    env = results.iloc[0]
-    hardware = f"{env.get('env_device', '?')}"
-    if env.get("env_device") == "cpu":
-        hardware += f" ({env.get('env_processor', '?')}, {env.get('env_torch_threads', '?')} thread(s))"
-    elif not labels.missing(env.get("env_gpus")):
-        hardware += f" ({env.get('env_gpus')})"
-    revisions = sorted({str(r)[:12] + ("-dirty" if str(r).endswith("-dirty") else "")
-                        for r in results.get("env_git_revision", pd.Series(dtype=object)).dropna()})
-    code = f", code at revision {', '.join(revisions)}" if revisions else ""
-    return f"{'; '.join(parts)}; trained on {hardware}, torch {env.get('env_torch', '?')}{code}"
-
-
 def _row_order(method: str, arch: str) -> tuple:
     depth = int("".join(c for c in arch if c.isdigit()))
     family = 0 if arch.startswith("resnet") else 1
