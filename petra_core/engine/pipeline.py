@@ -29,6 +29,16 @@ from .schedule import Action, Schedule
 from .worker import HeadRecord, StageWorker
 
 
+def observed(observers: Sequence[Observer], phase: str, worker: StageWorker, mb: int | None, fn, *args):
+    """``fn(*args)`` between every observer's ``before`` and ``after`` of ``phase``."""
+    for o in observers:
+        o.before(phase, worker, mb)
+    out = fn(*args)
+    for o in observers:
+        o.after(phase, worker, mb)
+    return out
+
+
 def run_stage_tick(worker: StageWorker, action: Action, world, fetch: Callable[[int, int], tuple] | None,
                    observers: Sequence[Observer] = ()) -> None:
     """One tick of one stage copy: forward (receive, compute, send), then backward (receive,
@@ -42,37 +52,20 @@ def run_stage_tick(worker: StageWorker, action: Action, world, fetch: Callable[[
             msg = world.recv_forward(r, j)
             if msg.mb != mb:
                 raise RuntimeError(f"stage {j}: expected activation of minibatch {mb}, got {msg.mb}")
-        for o in observers:
-            o.before("forward", worker, mb)
-        out = worker.forward(msg)
-        for o in observers:
-            o.after("forward", worker, mb)
+        out = observed(observers, "forward", worker, mb, worker.forward, msg)
         if out is not None:
+            observed(observers, "send", worker, mb, world.send_forward, r, j, out)
             for o in observers:
-                o.before("send", worker, mb)
-            world.send_forward(r, j, out)
-            for o in observers:
-                o.after("send", worker, mb)
                 o.sent(worker, "forward", out)
     if action.backward is not None:
         mb = action.backward
         msg = world.recv_backward(r, j) if worker.gradient_in else None
-        for o in observers:
-            o.before("rebuild", worker, mb)
-        graph = worker.rebuild(mb, msg)
-        for o in observers:
-            o.after("rebuild", worker, mb)
-            o.before("backward", worker, mb)
-        out = worker.backward(mb, msg, graph)
+        graph = observed(observers, "rebuild", worker, mb, worker.rebuild, mb, msg)
+        out = observed(observers, "backward", worker, mb, worker.backward, mb, msg, graph)
         del graph
-        for o in observers:
-            o.after("backward", worker, mb)
         if out is not None:
+            observed(observers, "send", worker, mb, world.send_backward, r, j, out)
             for o in observers:
-                o.before("send", worker, mb)
-            world.send_backward(r, j, out)
-            for o in observers:
-                o.after("send", worker, mb)
                 o.sent(worker, "backward", out)
 
 
@@ -197,12 +190,7 @@ class Pipeline:
         j = worker.index
         group = self.world.replica_group(j)
         del self.waiting[worker.replica, j]
-        apply = self.rule.complete(worker, group)
-        for o in self.observers:
-            o.before("step", worker, None)
-        worker.step(apply)
-        for o in self.observers:
-            o.after("step", worker, None)
+        observed(self.observers, "step", worker, None, worker.step, self.rule.complete(worker, group))
         copies = [rep.workers[j - self.stages.start] for rep in self.replicas]
         if all((c.replica, j) not in self.waiting and c.steps == worker.steps for c in copies):
             self.rule.after_step(copies, group)
