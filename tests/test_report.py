@@ -34,6 +34,27 @@ TOP1 = {("backprop", 1, 0): 71.25, ("backprop", 1, 1): 72.75, ("petra", 1, 0): 6
 TRAIN_ACC = {("petra", 1, 0): 61.0, ("petra", 2, 0): 65.0}  # k = 2 has the better training accuracy
 
 
+def write_records(run_dir: Path, cfg: dict, metrics: dict, history: list[dict]) -> None:
+    """A finished run's records as petra train writes them (config.yaml, metrics.json, history.json)."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(RunConfig.from_dict(cfg).to_dict()))
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    (run_dir / "history.json").write_text(json.dumps(history))
+
+
+def profile_results(tmp_path_factory, spec: dict, write_run_of) -> dict:
+    """Fake records of every run of the profile ``spec`` (``write_run_of(run_dir, config)``), gathered
+    as ``petra results`` does and read back."""
+    root = tmp_path_factory.mktemp(spec["profile"])
+    path = root / f"{spec['profile']}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    for run in grid.runs(spec):
+        write_run_of(root / run.directory, run.config.to_dict())
+    out = root / "results" / spec["profile"]
+    results.write(results.collect(path, root=root), out)
+    return results.load(out)
+
+
 def write_run(run_dir: Path, cfg: dict, fidelity: bool) -> None:
     key = (cfg["method"], cfg["k"], cfg["seed"])
     top1 = TOP1[key]
@@ -45,10 +66,7 @@ def write_run(run_dir: Path, cfg: dict, fidelity: bool) -> None:
                "top1_last10_mean": sum(h["top1"] for h in history) / 3, "epochs": 3, "optimizer_steps": 30,
                "peak_kept_bytes": [1_000_000 * (j % 3) for j in range(10)], "images_per_s": 100.0, "wall_time_s": 33.0,
                "params": 177_274, "stages": 10, "stage_kinds": "S R R D R D R D R H"}
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(RunConfig.from_dict(cfg).to_dict()))
-    (run_dir / "metrics.json").write_text(json.dumps(metrics))
-    (run_dir / "history.json").write_text(json.dumps(history))
+    write_records(run_dir, cfg, metrics, history)
     (run_dir / "env.json").write_text(json.dumps({"device": "cpu", "processor": "test-cpu", "torch_threads": 1,
                                                   "torch": "x", "git_revision": "abc"}))
     if fidelity:
@@ -255,22 +273,12 @@ def write_budget_run(run_dir, cfg):
                "optimizer_steps": 250 * cfg["epochs"] // cfg["k"], "peak_kept_bytes": [0] * 10, "images_per_s": 1.0,
                "wall_time_s": 1.0, "params": 177_274, "stages": 10, "stage_kinds": "S R R D R D R D R H",
                "top1_bn_reestimated": top1 + (3.0 if cfg["method"] != "backprop" else 1.0)}
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(RunConfig.from_dict(cfg).to_dict()))
-    (run_dir / "metrics.json").write_text(json.dumps(metrics))
-    (run_dir / "history.json").write_text(json.dumps(history))
+    write_records(run_dir, cfg, metrics, history)
 
 
 @pytest.fixture(scope="module")
 def budget(tmp_path_factory, cost_tables):
-    root = tmp_path_factory.mktemp("budget")
-    path = root / "fakebudget.yaml"
-    path.write_text(yaml.safe_dump(BUDGET_PROFILE))
-    for run in grid.runs(BUDGET_PROFILE):
-        write_budget_run(root / run.directory, run.config.to_dict())
-    out = root / "results" / "fakebudget"
-    results.write(results.collect(path, root=root), out)
-    return results.load(out)
+    return profile_results(tmp_path_factory, BUDGET_PROFILE, write_budget_run)
 
 
 def test_the_gap_is_taken_against_backprop_at_the_same_budget(budget):
@@ -329,28 +337,20 @@ RULE_PROFILE = {
 RULE_TOP1 = {"dp": 70.0, "cdp1": 68.0, "cdp2": 69.5}
 
 
+def write_rule_run(run_dir, cfg):
+    top1 = RULE_TOP1[cfg["replica_rule"]] + cfg["seed"] + (1.0 if cfg["arch"] == "revnet18" else 0.0)
+    history = [{"epoch": e, "train_loss": 1.0 / e, "train_acc": 50.0, "test_loss": 1.0, "top1": top1 - 2 + e,
+                "top5": 99.0, "lr": 0.1, "images_per_s": 1.0, "wall_time_s": 1.0, "eval_time_s": 0.1} for e in (1, 2)]
+    metrics = {"top1": top1, "top5": 99.0, "test_loss": 1.0, "train_loss": 0.5, "train_acc": 50.0, "best_top1": top1,
+               "top1_last10_mean": top1, "epochs": 2, "optimizer_steps": 10, "peak_kept_bytes": [0] * 10,
+               "images_per_s": 1.0, "wall_time_s": 1.0, "params": 1, "stages": 10,
+               "stage_kinds": "S R R D R D R D R H", "top1_bn_reestimated": top1 + 0.5}
+    write_records(run_dir, cfg, metrics, history)
+
+
 @pytest.fixture(scope="module")
 def rules(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cdp")
-    path = root / "fakecdp.yaml"
-    path.write_text(yaml.safe_dump(RULE_PROFILE))
-    for run in grid.runs(RULE_PROFILE):
-        cfg = run.config.to_dict()
-        top1 = RULE_TOP1[cfg["replica_rule"]] + cfg["seed"] + (1.0 if cfg["arch"] == "revnet18" else 0.0)
-        history = [{"epoch": e, "train_loss": 1.0 / e, "train_acc": 50.0, "test_loss": 1.0, "top1": top1 - 2 + e,
-                    "top5": 99.0, "lr": 0.1, "images_per_s": 1.0, "wall_time_s": 1.0, "eval_time_s": 0.1} for e in (1, 2)]
-        metrics = {"top1": top1, "top5": 99.0, "test_loss": 1.0, "train_loss": 0.5, "train_acc": 50.0, "best_top1": top1,
-                   "top1_last10_mean": top1, "epochs": 2, "optimizer_steps": 10, "peak_kept_bytes": [0] * 10,
-                   "images_per_s": 1.0, "wall_time_s": 1.0, "params": 1, "stages": 10,
-                   "stage_kinds": "S R R D R D R D R H", "top1_bn_reestimated": top1 + 0.5}
-        d = root / run.directory
-        d.mkdir(parents=True)
-        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
-        (d / "metrics.json").write_text(json.dumps(metrics))
-        (d / "history.json").write_text(json.dumps(history))
-    out = root / "results" / "fakecdp"
-    results.write(results.collect(path, root=root), out)
-    return results.load(out)
+    return profile_results(tmp_path_factory, RULE_PROFILE, write_rule_run)
 
 
 def test_replica_rules_are_compared_with_dp_of_the_same_model(rules):
