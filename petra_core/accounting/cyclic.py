@@ -61,11 +61,14 @@ class ActiveCells(Observer):
 
     def __init__(self, pipe):
         self.pipe, self.cells = pipe, set()
+        self.per_tick: dict[int, int] = defaultdict(int)  # tick -> cells active in it
         self.given: dict[int, int] = defaultdict(int)  # tick -> gradient bytes ready to send
 
     def before(self, phase, worker, mb):
-        if phase in ("forward", "backward"):
-            self.cells.add((self.pipe.tick, worker.replica, worker.index))
+        cell = (self.pipe.tick, worker.replica, worker.index)
+        if phase in ("forward", "backward") and cell not in self.cells:
+            self.cells.add(cell)
+            self.per_tick[cell[0]] += 1
 
     def after(self, phase, worker, mb):
         if phase == "backward" and worker.step_due:
@@ -91,7 +94,7 @@ def cyclic_profile(model, method: str, rule, *, replicas: int, offset: int, batc
         held = sum(sum(w.storage.kept_bytes().values()) for rep in sim.replicas for w in rep.workers)
         rows.append({"tick": tick, "activation_bytes": held, "grad_bytes": active.given.get(tick, 0),
                      "allreduce_bytes": world.exchanged.get(tick, 0),
-                     "active_cells": sum(1 for c in active.cells if c[0] == tick)})
+                     "active_cells": active.per_tick.get(tick, 0)})
     return pd.DataFrame(rows), active.cells
 
 
@@ -124,7 +127,7 @@ def devices_needed(schedule: Schedule, replicas: int, offset: int) -> dict:
     for t in range(ticks):
         for j in range(J):
             running = [r for r in range(replicas) if 0 <= t - offset * r < schedule.num_ticks
-                       and (lambda a: a.forward is not None or a.backward is not None)(schedule.action(t - offset * r, j))]
+                       and schedule.action(t - offset * r, j).busy]
             if running:
                 together[j].append(running)
     per_stage = [max((len(g) for g in together[j]), default=0) for j in range(J)]

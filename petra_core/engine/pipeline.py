@@ -145,7 +145,7 @@ class Pipeline:
                 for worker in rep.workers:
                     stage = worker.index
                     action = self.schedule.action(local, stage)
-                    if (rep.index, stage) in self.waiting and (action.forward is not None or action.backward is not None):
+                    if action.busy and (rep.index, stage) in self.waiting:
                         self._take_step(worker)  # its step waited for the replicas' exchange: now it is needed
                     run_stage_tick(worker, action, self.world, self.fetch, self.observers)
             stage = None

@@ -31,6 +31,11 @@ class Action:
     forward: int | None
     backward: int | None
 
+    @property
+    def busy(self) -> bool:
+        """Does the stage compute anything in this tick?"""
+        return self.forward is not None or self.backward is not None
+
 
 @dataclass(frozen=True)
 class Schedule:

@@ -90,11 +90,10 @@ class Session:
                 raise ConfigError("runtime=distributed runs one process per rank: launch it with torchrun, "
                                   "e.g. " + torchrun_command(["CONFIG...", "runtime=distributed"]))
             device = init_distributed(timeout=cfg.dist_timeout, device=device)
-            ranks = int(os.environ["WORLD_SIZE"])
-            if ranks % cfg.replicas:
-                raise ConfigError(f"replicas={cfg.replicas} must divide the number of ranks ({ranks}): the mesh is "
-                                  f"replicas x pipeline positions")
-            self.world = DistributedWorld(device, timeout=cfg.dist_timeout, replicas=cfg.replicas)
+            try:
+                self.world = DistributedWorld(device, timeout=cfg.dist_timeout, replicas=cfg.replicas)
+            except ValueError as err:  # replicas that do not divide the ranks: the world says so, in one line
+                raise ConfigError(str(err)) from None
         else:
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 raise ConfigError(f"runtime=simulator in a launch of {os.environ['WORLD_SIZE']} processes "

@@ -78,8 +78,8 @@ class DistributedWorld(LocalWorld):
         self.tick = 0  # where this rank is, for failure reports (begin_tick)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1 or self.world_size % replicas:
-            raise ValueError(f"replicas={replicas!r} must be a divisor of the number of ranks ({self.world_size}): "
-                             f"the mesh is replicas x pipeline positions")
+            raise ValueError(f"replicas={replicas!r} must divide the number of ranks ({self.world_size}): the mesh is "
+                             f"replicas x pipeline positions")
         self.mesh = Mesh(replicas, self.world_size // replicas)
         from torch.distributed.device_mesh import init_device_mesh
 
