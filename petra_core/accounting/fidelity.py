@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from ..batchnorm import frozen_running_stats
 from ..engine.observers import Observer
 from ..replicas import DataParallel
+from ..replicas.rule import flat_grads
 
 
 def true_gradient(model, stage: int, batches) -> torch.Tensor:
@@ -101,8 +102,7 @@ class FidelityTracker(Observer):
         if not self._tracked(group) or worker.pending == 0:
             return
         mbs = self._stream_ids(group, worker.pending)
-        grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
-                          for p in worker.stage.parameters()])
+        grad = flat_grads(worker.params)
         # a batch fetched before a resume is fetched again: get_batch is a pure function of mb
         batches = [self._batches[m] if m in self._batches else self.sim.get_batch(m) for m in mbs]
         true = true_gradient(self.sim.model, worker.index, batches)
