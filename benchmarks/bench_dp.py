@@ -18,31 +18,16 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from harness.ranks import RANKS, demo_setup, parser as ranks_parser  # noqa: E402
-from petra_core import Simulator  # noqa: E402
+from bench_distributed import single_process  # noqa: E402
+from harness.ranks import RANKS  # noqa: E402
 from petra_core.engine.launch import launch_local  # noqa: E402
-
-
-def single_process(argv: list[str], method: str, threads: int, warmup: int) -> float:
-    """Images/s of one process training the whole model with ``threads`` threads."""
-    args = ranks_parser().parse_args(argv)
-    torch.set_num_threads(threads)
-    model, get_batch, recipe = demo_setup(args)
-    sim = Simulator(model, method, num_batches=args.steps, get_batch=get_batch, batch_size=args.batch, recipe=recipe)
-    start = sim.schedule.forward_tick(warmup, 0) if sim.schedule.kind == "sequential" else 2 * (len(model) - 1)
-    sim.run(start)
-    t0 = time.perf_counter()
-    sim.run()
-    return (args.steps - warmup) * args.batch / (time.perf_counter() - t0)
 
 
 def replicated(argv: list[str], method: str, replicas: int) -> dict:
@@ -69,8 +54,8 @@ def main() -> int:
             "--warmup", str(args.warmup)]
     dp = replicated(argv, args.method, args.replicas)
     dp_rate = dp.get("steady_images_per_s", dp["images_per_s"])
-    one = single_process(argv, args.method, 1, args.warmup)
-    two = single_process(argv, args.method, 2, args.warmup)
+    one = single_process(argv, 1, "cpu", args.warmup, args.method)
+    two = single_process(argv, 2, "cpu", args.warmup, args.method)
     print(f"RevNet18 width {args.width}, {args.method}, batch {args.batch} per replica, {args.steps} minibatches "
           f"per replica ({args.warmup} warm-up excluded)")
     print(f"  {args.replicas} replicas x 1 thread (gloo, dp): {dp_rate:8.1f} images/s")
