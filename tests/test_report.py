@@ -370,7 +370,23 @@ def test_replica_rules_are_compared_with_dp_of_the_same_model(rules):
     assert "| ResNet18 | CDP1 (L = 4) | 68.50 ± 0.71 (n = 2) | -2.00 ± 1.00 | 69.00 ± 0.71 (n = 2) | -2.00 ± 1.00 |" in md
     assert "| ResNet18 | DP | 70.50 ± 0.71 (n = 2) | – |" in md
     assert "\\begin{tabular}" in render("replica_rules", "tex", context)
-    assert "varies no replica rule" in render("replica_rules", "md", rule_context({"summary": pd.DataFrame()}, "x"))
+    assert "have been gathered" in render("replica_rules", "md", rule_context({"summary": pd.DataFrame()}, "x"))
+    one_rule = rules["summary"][rules["summary"].replica_rule == "dp"]
+    assert "varies no replica rule" in render("replica_rules", "md", rule_context({"summary": one_rule}, "x"))
+
+
+def test_the_replica_rule_table_reads_its_own_profile_whatever_the_report_renders(budget, rules, cost_tables,
+                                                                                   tmp_path):
+    """A clone renders the budget profile; the replica-rule table and curves come from results/cdp."""
+    budget_dir, rules_dir = tmp_path / "budget", tmp_path / "fakecdp"
+    results.write({name: budget[name] for name in results.FRAMES}, budget_dir)
+    results.write({name: rules[name] for name in results.FRAMES}, rules_dir)
+    tables.render_all(budget_dir, cost_tables, tmp_path / "t", profile="budget", replicas_dir=rules_dir)
+    md = (tmp_path / "t" / "replica_rules.md").read_text()
+    assert "profile `fakecdp`" in md and "| RevNet18 | CDP2 (L = 4) |" in md
+    assert "results/fakecdp/summary.csv" in md
+    tables.render_all(budget_dir, cost_tables, tmp_path / "t", profile="budget", replicas_dir=tmp_path / "nothing")
+    assert "have been gathered" in (tmp_path / "t" / "replica_rules.md").read_text()
 
 
 def test_replica_rule_curves_draw_one_line_per_rule(rules):

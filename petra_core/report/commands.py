@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..run.runio import REPLICA_RESULTS
+
 
 def cmd_results(args) -> int:
     from . import results
@@ -20,7 +22,8 @@ def cmd_results(args) -> int:
 def cmd_tables(args) -> int:
     from .tables import render_all
 
-    for path in render_all(args.results, args.costs, args.out, profile=Path(args.results).name, cyclic_dir=args.cyclic):
+    for path in render_all(args.results, args.costs, args.out, profile=Path(args.results).name,
+                           cyclic_dir=args.cyclic, replicas_dir=args.replicas):
         print(path)
     return 0
 
@@ -28,7 +31,8 @@ def cmd_tables(args) -> int:
 def cmd_figures(args) -> int:
     from .figures import draw_all
 
-    for path in draw_all(args.results, args.costs, args.out, profile=Path(args.results).name, cyclic_dir=args.cyclic):
+    for path in draw_all(args.results, args.costs, args.out, profile=Path(args.results).name,
+                           cyclic_dir=args.cyclic, replicas_dir=args.replicas):
         print(path)
     return 0
 
@@ -50,5 +54,8 @@ def register(sub) -> None:
         p.add_argument("--results", required=True, help="a profile's results directory, e.g. results/cpu")
         p.add_argument("--costs", default="results/costs", help="cached cost measurements (petra costs)")
         p.add_argument("--cyclic", default="results/cyclic", help="cached cyclic-execution measurement (petra cyclic)")
+        p.add_argument("--replicas", default=REPLICA_RESULTS,
+                       help="the results directory the replica-rule comparison reads (a profile that varies "
+                            "replica_rule; default %(default)s)")
         p.add_argument("--out", required=True, help="output directory")
         p.set_defaults(func=func)

@@ -186,15 +186,17 @@ def budget_gap(summary: pd.DataFrame, results: pd.DataFrame, profile: str, refer
 
 
 def draw_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path, profile: str,
-             cyclic_dir: str | Path | None = None) -> list[Path]:
+             cyclic_dir: str | Path | None = None,
+             replicas_dir: str | Path | None = None) -> list[Path]:
     from ..reference import load_paper_reference
     from . import costs as costs_mod
     from . import cyclic as cyclic_mod
-    from .replicas import rule_curves
+    from . import replicas as replicas_mod
     from . import results as results_mod
 
     style()
     frames = results_mod.load(results_dir)
+    rule_frames, rule_profile = (frames, profile) if replicas_dir is None else replicas_mod.load(replicas_dir)
     fallback = costs_mod.load(costs_dir)["fidelity"]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -204,6 +206,6 @@ def draw_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path
             "memory_per_stage": memory_per_stage(frames["memory"], profile),
             "gradient_fidelity": gradient_fidelity(frames["fidelity"], profile, fallback),
             "budget_gap": budget_gap(summary, frames["results"], profile, load_paper_reference()),
-            "replica_rules": rule_curves(history, profile),
+            "replica_rules": replicas_mod.rule_curves(rule_frames["history"], rule_profile),
             "cyclic": cyclic_mod.cyclic_figure(cyclic_mod.load(cyclic_dir))}
     return [path for name, fig in figs.items() for path in save(fig, out_dir, name)]

@@ -1,6 +1,7 @@
 rule figures:
     """Figures of the selected profile (PNG and PDF): fig4_accumulation, training_curves,
-    memory_per_stage, gradient_fidelity."""
+    memory_per_stage, gradient_fidelity, budget_gap; and replica_rules (the cdp profile's runs,
+    results/cdp) and cyclic (results/cyclic)."""
     input:
         summary=f"{RESULTS}/summary.csv",
         history=f"{RESULTS}/history.csv",
@@ -8,6 +9,7 @@ rule figures:
         fidelity=f"{RESULTS}/fidelity.csv",
         costs=rules.costs.output,
         cyclic=rules.cyclic.output,
+        replicas=REPLICAS,
         code=REPORT_CODE,
     output:
         report(
@@ -25,5 +27,6 @@ rule figures:
         results=lambda wildcards, input: os.path.dirname(input.summary),
         costs=lambda wildcards, input: os.path.dirname(input.costs[0]),
         cyclic=lambda wildcards, input: os.path.dirname(input.cyclic[0]),
+        replicas=lambda wildcards, input: os.path.dirname(input.replicas[0]),
     shell:
-        "petra figures --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --out {output:q} > {log:q} 2>&1"
+        "petra figures --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --replicas {params.replicas:q} --out {output:q} > {log:q} 2>&1"

@@ -1,11 +1,13 @@
 rule tables:
     """Tables 1-3 (Markdown and LaTeX booktabs) of the selected profile, ours beside the paper's:
-    paper_tables/table1_costs, table2_accuracy, table3_memory (.md, .tex)."""
+    paper_tables/table1_costs, table2_accuracy, table3_memory, budget_gap (.md, .tex); and
+    replica_rules (the cdp profile's runs, results/cdp) and cyclic (results/cyclic)."""
     input:
         summary=f"{RESULTS}/summary.csv",
         results=f"{RESULTS}/results.csv",
         costs=rules.costs.output,
         cyclic=rules.cyclic.output,
+        replicas=REPLICAS,
         reference=REFERENCE,
         templates=TEMPLATES,
         code=REPORT_CODE,
@@ -25,5 +27,6 @@ rule tables:
         results=lambda wildcards, input: os.path.dirname(input.summary),
         costs=lambda wildcards, input: os.path.dirname(input.costs[0]),
         cyclic=lambda wildcards, input: os.path.dirname(input.cyclic[0]),
+        replicas=lambda wildcards, input: os.path.dirname(input.replicas[0]),
     shell:
-        "petra tables --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --out {output:q} > {log:q} 2>&1"
+        "petra tables --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --replicas {params.replicas:q} --out {output:q} > {log:q} 2>&1"
