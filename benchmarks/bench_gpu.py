@@ -15,8 +15,10 @@ file is rewritten atomically after every row), so a run cut short keeps every ro
   ticks; ``stage_held_bytes``: what each stage holds between ticks (weights, gradients, momentum
   and what its method keeps);
 * an out-of-memory is a result: the row says ``oom`` with the bytes the allocator reported;
-* settings: ``training`` (what ``petra train`` runs: deterministic algorithms, TF32 convolutions)
-  and ``fastest`` (cuDNN benchmark mode, TF32 everywhere, nondeterministic algorithms allowed).
+* settings: ``training`` (what ``petra train`` runs by default: precision fp32 with TF32 off,
+  deterministic algorithms), ``fastest`` (precision tf32, cuDNN benchmark mode, nondeterministic
+  algorithms allowed) and ``bf16`` (bf16 autocast, otherwise as fastest); see
+  petra_core/precision.py.
 
 Methods that learn from auxiliary heads (local, fg-local-w, fg-local-a) get a model with CNN
 heads. With 2 or more GPUs, PETRA also spread over all of them (stages in contiguous blocks).
@@ -38,10 +40,13 @@ import torch
 from petra_core import METHODS, Pipeline, Recipe, build_model
 from petra_core.engine import LocalWorld, assemble
 from petra_core.engine.observers import Observer
+from petra_core.precision import set_numerics
 
 CONFIGS = [("revnet18", "cifar", 32, 10), ("revnet18", "imagenet", 224, 1000),
            ("revnet50", "cifar", 32, 10), ("revnet50", "imagenet", 224, 1000)]
-SETTINGS = ("training", "fastest")
+# name -> (precision, deterministic), as petra_core.precision sets them; ``training`` is
+# what ``petra train`` runs by default
+SETTINGS = {"training": ("fp32", True), "fastest": ("tf32", False), "bf16": ("bf16", False)}
 
 
 def current_settings() -> tuple:
@@ -56,13 +61,11 @@ def restore_settings(saved: tuple) -> None:
      torch.backends.cuda.matmul.allow_tf32) = saved[2:]
 
 
-def apply_settings(name: str) -> None:
-    fastest = name == "fastest"
-    torch.use_deterministic_algorithms(not fastest, warn_only=True)
-    torch.backends.cudnn.benchmark = fastest
-    torch.backends.cudnn.deterministic = not fastest
-    torch.backends.cudnn.allow_tf32 = True  # convolutions in TF32 in both (training's default)
-    torch.backends.cuda.matmul.allow_tf32 = fastest
+def apply_settings(name: str) -> str:
+    """Set the flags of setting ``name``; returns its precision (for the stages' compute)."""
+    precision, deterministic = SETTINGS[name]
+    set_numerics(precision, deterministic)
+    return precision
 
 
 class StagePeaks(Observer):
@@ -102,7 +105,7 @@ class Clock:
 
 
 def measure(arch, stem, size, classes, method, *, device, width, batch, timed, inject_oom=False,
-            devices=None) -> dict:
+            devices=None, precision="fp32") -> dict:
     """One row: steady-state time and memory of ``method`` with every stage on ``device`` (or
     spread over ``devices`` in contiguous blocks)."""
     devices = devices or [device]
@@ -120,7 +123,8 @@ def measure(arch, stem, size, classes, method, *, device, width, batch, timed, i
     peak_ticks = per  # one minibatch's worth, after the timed ones
     n = fill + timed + 2 * J + 2  # minibatches: enough that the timed and peak ticks are all steady
     pipe = Pipeline(**assemble(model, method, LocalWorld(devices=devices if cuda else None), num_batches=n,
-                               get_batch=lambda mb: (x, y), batch_size=batch, recipe=Recipe(base_lr=0.01)))
+                               get_batch=lambda mb: (x, y), batch_size=batch, recipe=Recipe(base_lr=0.01),
+                               precision=precision))
     if inject_oom:  # the smoke test's stand-in for a real out-of-memory
         raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {2**40} bytes (injected)")
     pipe.run(fill * per)
@@ -194,13 +198,17 @@ def main(argv=None) -> dict:
     p.add_argument("--timed", type=int, default=6, help="timed minibatches per row")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--configs", default="all", help="'all' or e.g. revnet18:cifar,revnet50:imagenet")
-    p.add_argument("--settings", default=",".join(SETTINGS), help="training, fastest or both")
+    p.add_argument("--settings", default="training,fastest",
+                   help=f"comma-separated, of: {', '.join(SETTINGS)} (default %(default)s)")
     p.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run of the script)")
     p.add_argument("--inject-oom", default="", help="methods whose rows raise an out-of-memory (tests)")
     p.add_argument("--out", default="results/gpu", help="directory for the JSON")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_gpu: no CUDA device visible (use --device cpu --quick to smoke-test the script)")
+    bad = [x for x in args.settings.split(",") if x not in SETTINGS]
+    if bad:
+        raise SystemExit(f"bench_gpu: unknown setting {bad[0]!r}; allowed: {', '.join(SETTINGS)}")
     unknown = [m for m in args.methods.split(",") if m not in METHODS]
     if unknown:
         raise SystemExit(f"bench_gpu: unknown method {unknown[0]!r}; allowed: {', '.join(METHODS)}")
@@ -225,14 +233,14 @@ def main(argv=None) -> dict:
 
 def rows_for_every_setting(args, configs, device, path: Path, out: dict) -> None:
     for setting in args.settings.split(","):
-        apply_settings(setting)
+        precision = apply_settings(setting)
         for arch, stem, size, classes in configs:
             for method in args.methods.split(","):
                 row = {"arch": arch, "stem": stem, "image_size": size, "method": method, "settings": setting}
                 t0 = time.perf_counter()
                 try:
                     row.update(measure(arch, stem, size, classes, method, device=device, width=args.width,
-                                       batch=args.batch, timed=args.timed,
+                                       batch=args.batch, timed=args.timed, precision=precision,
                                        inject_oom=method in args.inject_oom.split(",")))
                     what = (f"{row['s_per_batch'] * 1e3:8.1f} ms/batch (host {row['host_s_per_tick'] * 1e3:.1f} ms/tick)"
                             f"  peak {(row['device_peak_bytes'] or 0) / 2**30:6.2f} GiB")
@@ -251,10 +259,12 @@ def rows_for_every_setting(args, configs, device, path: Path, out: dict) -> None
                     torch.cuda.empty_cache()
             if args.device == "cuda" and torch.cuda.device_count() >= 2 and "petra" in args.methods.split(","):
                 gpus = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-                row = {"arch": arch, "stem": stem, "image_size": size, "method": "petra", "settings": setting}
+                row = {"arch": arch, "stem": stem, "image_size": size, "method": "petra", "settings": setting,
+                       "devices": len(gpus)}
                 try:
                     row.update(measure(arch, stem, size, classes, "petra", device=gpus[0], devices=gpus,
-                                       width=args.width, batch=args.batch, timed=args.timed))
+                                       width=args.width, batch=args.batch, timed=args.timed,
+                                       precision=precision))
                 except torch.cuda.OutOfMemoryError as err:
                     row.update(oom=True, tried_bytes=oom_bytes(err), error=str(err).splitlines()[0][:300])
                 except Exception as err:  # noqa: BLE001

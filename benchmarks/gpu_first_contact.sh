@@ -5,12 +5,15 @@
 #   OUT=/tmp/out bash benchmarks/gpu_first_contact.sh            # on the GPU machine (the device tool sets $OUT)
 #   OUT=/tmp/out DEVICE=cpu QUICK=1 bash benchmarks/gpu_first_contact.sh   # a smoke run of the script on CPU
 #
-# Parts (OUT/<part>.log, OUT/status.tsv: part, exit code, seconds):
+# Every part logs to OUT/<part>.log; OUT/status.tsv: part, exit code (or skipped), seconds.
+# Parts, in this order (the most wanted first; BUDGET, default 530 s, caps them all together):
 #   env       GPU, driver, CUDA, cuDNN, NCCL versions, torch's view of the devices  -> OUT/env.json
-#   gpu_tests pytest -m gpu with a junit report                                     -> OUT/gpu_tests.xml
-#   bench     bench_gpu.py: RevNet18 CIFAR and RevNet50 ImageNet, every method       -> OUT/bench/*.json
-#   resume    a 2-epoch synthetic `petra train device=cuda` stopped by SIGTERM and resumed; its run files
+#   bench     bench_gpu.py: RevNet18 CIFAR and RevNet50 ImageNet, every method, at the
+#             training (fp32), fastest (tf32) and bf16 settings                       -> OUT/bench/*.json
 #   precision PETRA's reconstruction error per stage under fp32, TF32 and bf16        -> OUT/precision/*.json
+#   resume    a 2-epoch synthetic `petra train device=cuda` stopped by SIGTERM and resumed; its run files
+#   train_bf16 the same run for one epoch at precision=bf16                           -> OUT/bf16/run
+#   gpu_tests pytest -m gpu with a junit report                                     -> OUT/gpu_tests.xml
 #   loader    bench_loader.py on synthetic data (what the data layer makes, pinned)
 set -u
 OUT=${OUT:?set OUT to the directory the results go to}
@@ -22,9 +25,17 @@ PY=${PYTHON:-.venv/bin/python}
 mkdir -p "$OUT"
 printf 'part\texit\tseconds\n' > "$OUT/status.tsv"
 
-part() {  # part NAME TIMEOUT_S COMMAND...
+BUDGET=${BUDGET:-530}  # seconds for the whole script: no part runs past it (the lease is short)
+
+part() {  # part NAME TIMEOUT_S COMMAND...  (the timeout is cut to what is left of BUDGET)
     local name=$1 limit=$2; shift 2
-    local start=$SECONDS
+    local start=$SECONDS left=$((BUDGET - SECONDS))
+    if [ "$left" -lt 15 ]; then
+        printf '%s\t%s\t%s\n' "$name" skipped 0 >> "$OUT/status.tsv"
+        echo "first contact: $name skipped: the ${BUDGET} s budget is spent"
+        return
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
     timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
     local code=$?
     printf '%s\t%s\t%s\n' "$name" "$code" "$((SECONDS - start))" >> "$OUT/status.tsv"
@@ -49,11 +60,18 @@ open(sys.argv[1], "w").write(json.dumps(info, indent=1) + "\n")
 print(json.dumps(info, indent=1))
 PYEOF
 
+# the most wanted numbers first: a part cut short by the budget loses the least
 if [ "$DEVICE" = cuda ]; then
-    part gpu_tests 150 "$PY" -m pytest -q -m gpu --junitxml="$OUT/gpu_tests.xml" tests/
-    part bench 300 "$PY" benchmarks/bench_gpu.py --configs revnet18:cifar,revnet50:imagenet --out "$OUT/bench"
+    part bench 300 "$PY" benchmarks/bench_gpu.py --configs revnet18:cifar,revnet50:imagenet \
+        --settings training,fastest,bf16 --out "$OUT/bench"
 else
-    part bench 120 "$PY" benchmarks/bench_gpu.py --device cpu --quick --settings training --out "$OUT/bench"
+    part bench 120 "$PY" benchmarks/bench_gpu.py --device cpu --quick --settings training,bf16 --out "$OUT/bench"
+fi
+
+if [ -n "$QUICK" ]; then
+    part precision 120 "$PY" benchmarks/bench_precision.py --device "$DEVICE" --archs revnet18 --width 8 --out "$OUT/precision"
+else
+    part precision 120 "$PY" benchmarks/bench_precision.py --device "$DEVICE" --out "$OUT/precision"
 fi
 
 # a short run on the device, stopped by SIGTERM after its first epoch's checkpoint, then resumed
@@ -62,12 +80,11 @@ TRAIN=(train dataset=synthetic synthetic_train=512 synthetic_test=128 batch_size
        method=petra "device=$DEVICE" progress=false --run-dir "$RUN")
 part resume_interrupted 90 env PETRA_SIGNAL_AT=0:20:SIGTERM "$PY" -m petra_core.cli "${TRAIN[@]}"
 part resume_finished 90 "$PY" -m petra_core.cli "${TRAIN[@]}"
+# the same run at bf16 (autocast; weights and messages float32): does PETRA still train?
+part train_bf16 60 "$PY" -m petra_core.cli train dataset=synthetic synthetic_train=512 synthetic_test=128 \
+    batch_size=32 epochs=1 width=8 method=petra precision=bf16 "device=$DEVICE" progress=false --run-dir "$OUT/bf16/run"
 
-if [ -n "$QUICK" ]; then
-    part precision 120 "$PY" benchmarks/bench_precision.py --device "$DEVICE" --archs revnet18 --width 8 --out "$OUT/precision"
-else
-    part precision 120 "$PY" benchmarks/bench_precision.py --device "$DEVICE" --out "$OUT/precision"
-fi
+[ "$DEVICE" = cuda ] && part gpu_tests 120 "$PY" -m pytest -q -m gpu --junitxml="$OUT/gpu_tests.xml" tests/
 
 LOADER_BATCHES=300
 [ -n "$QUICK" ] && LOADER_BATCHES=30

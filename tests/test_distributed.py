@@ -198,3 +198,29 @@ def test_a_rank_never_shares_a_gpu_by_wrapping_around():
     assert local_gpu(1, 2) == torch.device("cuda", 1)
     with pytest.raises(ValueError, match=r"LOCAL_RANK=2 but 2 GPU\(s\) are visible on this node: launch at most 2"):
         local_gpu(2, 2)
+
+
+def test_a_receiver_waits_for_a_header_with_a_deadline_not_forever():
+    """On NCCL a received header is read only once its event has completed, polled with the
+    transport's timeout, so a peer that never sends ends the receiver thread with a timeout."""
+    from petra_core.engine.distributed.failures import is_timeout
+    from petra_core.engine.distributed.transport import wait_for
+
+    class Never:
+        queries = 0
+
+        def query(self):
+            self.queries += 1
+            return False
+
+    event = Never()
+    with pytest.raises(TimeoutError, match="the header of minibatch 3 from rank 1 did not arrive within 0.05 s") as err:
+        wait_for(event, 0.05, "the header of minibatch 3 from rank 1")
+    assert event.queries > 1 and is_timeout(err.value)
+
+    class Later(Never):
+        def query(self):
+            self.queries += 1
+            return self.queries >= 3
+
+    wait_for(Later(), 5.0, "anything")  # returns as soon as the event completes

@@ -213,6 +213,21 @@ def test_the_gpu_benchmark_runs(tmp_path):
     (written,) = tmp_path.glob("*.json")
     assert json.loads(written.read_text())["rows"] == out["rows"]
 
+    # Table 1's GPU section renders what the benchmark wrote (here a CPU's rows stand in for a GPU's)
+    from petra_core.report import costs as costs_mod
+    from petra_core.report import gpu, tables
+
+    context = tables.table1_context(costs_mod.load(Path(__file__).resolve().parents[1] / "results/costs"))
+    md = tables.render("table1_costs", "md", {**context, "gpu": gpu.gpu_context(gpu.load(tmp_path))})
+    petra = next(r for r in out["rows"] if r["method"] == "petra")
+    backprop = next(r for r in out["rows"] if r["method"] == "backprop")
+    ratio = petra["s_per_batch"] / backprop["s_per_batch"]
+    assert f"| RevNet18 | cifar | training | PETRA | {1e3 * petra['s_per_batch']:.1f} | {ratio:.2f} |" in md, md
+    assert "| Delayed (weight stash) | out of memory | – | – | tried 1024.00 |" in md
+    assert "No GPU has measured" in tables.render("table1_costs", "md", {**context, "gpu": gpu.gpu_context([])})
+    assert "\\begin{tabular}{llllrrrr}" in tables.render("table1_costs", "tex",
+                                                       {**context, "gpu": gpu.gpu_context(gpu.load(tmp_path))})
+
 
 # ---- machines with several GPUs: local slots, SLURM ----------------------------------------------
 def test_with_gpus_gives_each_claimant_gpus_of_its_own(tmp_path):
@@ -266,8 +281,27 @@ def test_the_first_contact_script_runs_every_part_on_cpu(tmp_path):
                          text=True, timeout=400)
     assert out.returncode == 0, out.stderr[-2000:]
     status = dict(line.split("\t")[:2] for line in (tmp_path / "status.tsv").read_text().splitlines()[1:])
-    assert status == {"env": "0", "bench": "0", "resume_interrupted": "130", "resume_finished": "0", "precision": "0",
-                      "loader": "0"}
+    assert status == {"env": "0", "bench": "0", "precision": "0", "resume_interrupted": "130", "resume_finished": "0",
+                      "train_bf16": "0", "loader": "0"}
+    assert "precision: bf16" in (tmp_path / "bf16" / "run" / "config.yaml").read_text()
+    settings = {r["settings"] for r in json.loads(next((tmp_path / "bench").glob("*.json")).read_text())["rows"]}
+    assert settings == {"training", "bf16"}
     assert "resuming at tick 20" in (tmp_path / "resume_finished.log").read_text()
     assert (tmp_path / "resume" / "run" / "metrics.json").exists() and list((tmp_path / "bench").glob("*.json"))
     assert json.loads((tmp_path / "env.json").read_text())["torch"] == torch.__version__
+
+
+def test_the_first_contact_script_stops_within_its_budget(tmp_path):
+    """Every part's timeout is cut to what is left of BUDGET; parts past it are skipped, named."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OUT": str(tmp_path), "DEVICE": "cpu", "QUICK": "1", "PYTHON": sys.executable, "BUDGET": "5"}
+    out = subprocess.run(["bash", str(root / "benchmarks" / "gpu_first_contact.sh")], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split("\t") for line in (tmp_path / "status.tsv").read_text().splitlines()[1:]]
+    assert [r[0] for r in rows] == ["env", "bench", "precision", "resume_interrupted", "resume_finished", "train_bf16",
+                                    "loader"]
+    assert all(r[1] == "skipped" for r in rows) and "budget is spent" in out.stdout

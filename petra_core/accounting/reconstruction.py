@@ -8,35 +8,14 @@ stem, a downsampling stage, the head) starts the chain afresh from an exact valu
 input, then rebuilds down the chain under the same precision and reports, per reversible stage,
 the relative error ‖x̂ − x‖ / ‖x‖ and the largest elementwise error relative to max |x|.
 
-Precisions: ``fp32``; ``tf32`` (TF32 matmuls and convolutions on CUDA; the same as fp32 on a
-CPU); ``bf16`` (``torch.autocast`` to bfloat16: convolutions and matmuls in bf16, batch norm
-and additions as autocast decides).
+Precisions: those a run trains at (:mod:`petra_core.precision`): ``fp32``, ``tf32`` (TF32
+matmuls and convolutions on CUDA; fp32 on a CPU), ``bf16`` (autocast to bfloat16).
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-PRECISIONS = ("fp32", "tf32", "bf16")
-
-
-@contextlib.contextmanager
-def precision(name: str, device: torch.device):
-    """The numeric setting ``name`` for code run on ``device`` (restores TF32 flags after)."""
-    if name not in PRECISIONS:
-        raise ValueError(f"precision {name!r} is not allowed; allowed: {', '.join(PRECISIONS)}")
-    flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = name == "tf32"
-    try:
-        if name == "bf16":
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                yield
-        else:
-            yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
-
+from ..precision import PRECISIONS, precision_scope  # noqa: F401 (PRECISIONS: for callers)
 
 @torch.no_grad()
 def reconstruction_errors(model, x: torch.Tensor, name: str) -> list[dict]:
@@ -45,7 +24,7 @@ def reconstruction_errors(model, x: torch.Tensor, name: str) -> list[dict]:
     device = x.device
     model.train()
     inputs = []
-    with precision(name, device):
+    with precision_scope(name, device):
         h = x
         for stage in model:
             inputs.append(h.float())

@@ -39,6 +39,7 @@ def build_workers(
     batches_per_epoch: float,
     stages: range | None = None,
     replica: int = 0,
+    precision: str = "fp32",
 ) -> list[StageWorker]:
     """One worker per stage (or per stage in ``stages``, for a rank of a distributed run) of one
     replica's ``model``. Stages must already be on their devices. ``batch_size`` is what the
@@ -52,7 +53,7 @@ def build_workers(
         opt, sched = make_optimizer(model[j], recipe, batch_size=batch_size, k=k, steps_per_epoch=batches_per_epoch / k)
         send_back = j > 0 and method.policy_for(model[j - 1], last=False).needs_output_back
         workers.append(StageWorker(model[j], j, J, method.storage_for(model[j], last=j == J - 1), opt, sched,
-                                   k=k, send_input_back=send_back, replica=replica))
+                                   k=k, send_input_back=send_back, replica=replica, precision=precision))
     return workers
 
 
@@ -68,7 +69,7 @@ class Replica:
 def assemble(model: StagedModel, method: str | Method, world, *, num_batches: int, get_batch: GetBatch | None,
              batch_size: int, k: int = 1, recipe: Recipe = Recipe(), batches_per_epoch: float | None = None,
              placement="even", measure: Callable | None = None, sample: tuple[Tensor, Tensor] | None = None,
-             sync_timing: bool = False, rule: str | ReplicaRule | None = None) -> dict:
+             sync_timing: bool = False, rule: str | ReplicaRule | None = None, precision: str = "fp32") -> dict:
     """The parts of a :class:`Pipeline` of ``model`` in ``world``: ``Pipeline(**assemble(...))``.
 
     ``num_batches`` and ``batches_per_epoch`` count each replica's minibatches. Every rank calls
@@ -124,12 +125,13 @@ def assemble(model: StagedModel, method: str | Method, world, *, num_batches: in
     if get_batch is not None and first.type != "cpu":
         user_get_batch = get_batch
 
-        def get_batch(mb: int):  # stage 0's device: labels travel with the activations
-            return tuple(t.to(first, non_blocking=True) for t in user_get_batch(mb))
+        def get_batch(mb: int):  # images to stage 0's device; labels stay on the (pinned) host until the
+            images, labels = user_get_batch(mb)  # head copies them to its own device (copies.py)
+            return images.to(first, non_blocking=True), labels
 
     replicas = [Replica(r, m, build_workers(m, method, k=k, recipe=recipe, batch_size=batch_size * R,
                                             batches_per_epoch=batches_per_epoch or max(num_batches, 1),
-                                            stages=world.stages, replica=r))
+                                            stages=world.stages, replica=r, precision=precision))
                 for r, m in models.items()]
     return dict(replicas=replicas, schedule=schedule, world=world, get_batch=get_batch, method=method, rule=rule,
                 stage_costs=stage_costs, sync_timing=sync_timing)

@@ -21,6 +21,7 @@ from torch import Tensor
 from ..methods import StoragePolicy
 from ..models.stage import LocalGraph, Stage
 from .messages import BackwardMsg, ForwardMsg
+from ..precision import check_precision, compute, widen
 
 
 class HeadRecord(NamedTuple):
@@ -72,8 +73,10 @@ class StageWorker:
         k: int,
         send_input_back: bool,
         replica: int = 0,
+        precision: str = "fp32",
     ):
         self.stage, self.index, self.num_stages, self.replica = stage, index, num_stages, replica
+        self.precision = check_precision(precision)  # forward and rebuild run under it (engine.precision)
         self.is_first, self.is_last = index == 0, index == num_stages - 1
         self.storage = storage
         self.optimizer, self.scheduler, self.k = optimizer, scheduler, k
@@ -96,16 +99,20 @@ class StageWorker:
 
     def forward(self, msg: ForwardMsg) -> ForwardMsg | None:
         x = self._here(msg.activation)
-        y = self.storage.forward(self.stage, msg.mb, x, input_grad=self.input_grad, version=self.steps)
+        with compute(self.precision, self.device):
+            y = self.storage.forward(self.stage, msg.mb, x, input_grad=self.input_grad, version=self.steps)
         self._track_kept()
         if self.is_last or self.storage.needs_labels:
             self.labels[msg.mb] = self._here(msg.labels)
-        return None if self.is_last else ForwardMsg(msg.mb, y.detach(), msg.labels)
+        # never 16-bit on the wire: the residual stream a reversible stage rebuilds its input from
+        # stays float32 under bf16 (a no-op otherwise)
+        return None if self.is_last else ForwardMsg(msg.mb, widen(y.detach()), msg.labels)
 
     def rebuild(self, mb: int, msg: BackwardMsg | None) -> LocalGraph:
         """The local graph of minibatch ``mb`` (``msg``: what the next stage sent back, if anything)."""
         received = self._here(msg.activation) if msg is not None and msg.activation is not None else None
-        return self.storage.local_graph(self.stage, mb, received, input_grad=self.input_grad)
+        with compute(self.precision, self.device):
+            return self.storage.local_graph(self.stage, mb, received, input_grad=self.input_grad)
 
     def backward(self, mb: int, msg: BackwardMsg | None, graph: LocalGraph) -> BackwardMsg | None:
         """Backpropagate ``graph`` (from :meth:`rebuild`) into the weights' gradients; the message
@@ -113,7 +120,7 @@ class StageWorker:
         labels = self.labels.pop(mb, None)
         if self.is_last:
             logits = graph.output
-            loss = F.cross_entropy(logits, labels)
+            loss = F.cross_entropy(widen(logits), labels)  # bf16 logits: the loss in float32
             (loss / self.k).backward()
             self.head_log.add(mb, loss.detach(), (logits.detach().argmax(1) == labels).sum(), len(labels))
         else:

@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from .copies import DeviceCopies
 from .messages import BackwardMsg, ForwardMsg
 
 
@@ -122,7 +123,8 @@ class LocalWorld:
         self.mesh = Mesh(replicas, 1)
         self.replicas = range(replicas)
         self.placement: list[range] = []
-        self.queues: dict[tuple[int, str, int], deque] = defaultdict(deque)
+        self.queues: dict[tuple[int, str, int], deque] = defaultdict(deque)  # of (message, copy event)
+        self.copies = DeviceCopies()
         self._group = LocalReplicaGroup(replicas)
 
     def connect(self, placement: Sequence[range], schedule=None, backward: bool = True) -> None:
@@ -144,18 +146,25 @@ class LocalWorld:
     def replica_group(self, stage: int) -> LocalReplicaGroup:
         return self._group
 
-    # ---- transport ---------------------------------------------------------------------------
+    # ---- transport: a message goes to the receiving stage's device as it is sent (copies.py) ------
     def send_forward(self, replica: int, src: int, msg: ForwardMsg) -> None:
-        self.queues[(replica, "forward", src + 1)].append(msg)
+        self._put((replica, "forward", src + 1), msg)
 
     def recv_forward(self, replica: int, dst: int) -> ForwardMsg:
-        return self.queues[(replica, "forward", dst)].popleft()
+        return self._take((replica, "forward", dst))
 
     def send_backward(self, replica: int, src: int, msg: BackwardMsg) -> None:
-        self.queues[(replica, "backward", src - 1)].append(msg)
+        self._put((replica, "backward", src - 1), msg)
 
     def recv_backward(self, replica: int, dst: int) -> BackwardMsg:
-        return self.queues[(replica, "backward", dst)].popleft()
+        return self._take((replica, "backward", dst))
+
+    def _put(self, key: tuple, msg) -> None:
+        self.queues[key].append(self.copies.sent(msg, self.device_for(key[2])))
+
+    def _take(self, key: tuple):
+        msg, event = self.queues[key].popleft()
+        return self.copies.taken(msg, event, self.device_for(key[2]))
 
     def begin_tick(self, tick: int) -> None:  # a message is in its FIFO as soon as it is sent
         pass
@@ -173,7 +182,11 @@ class LocalWorld:
         pass
 
     def state_dict(self) -> dict:
-        return {key: [(type(m).__name__, dataclasses.asdict(m)) for m in q] for key, q in self.queues.items() if q}
+        for q in self.queues.values():
+            for _, event in q:
+                if event is not None:  # a copy between GPUs may still be running: let it land first
+                    event.synchronize()
+        return {key: [(type(m).__name__, dataclasses.asdict(m)) for m, _ in q] for key, q in self.queues.items() if q}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the FIFOs; every tensor goes to the device of the stage that receives it (a
@@ -186,7 +199,7 @@ class LocalWorld:
             for name, fields in msgs:
                 if device is not None:
                     fields = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in fields.items()}
-                self.queues[key].append(kinds[name](**fields))
+                self.queues[key].append((kinds[name](**fields), None))
 
     # ---- collectives (of one) -------------------------------------------------------------------
     def gather_object(self, obj, dst: int = 0) -> list:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..models.stage import LocalGraph, Stage
+from ..precision import widen
 from .storage import KeepGraph
 
 EPS = 1e-16
@@ -66,7 +67,7 @@ class LocalLoss(KeepGraph):
     gradient_out = False  # ... and none goes to the previous one
 
     def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor | None, labels: Tensor, k: int) -> None:
-        (F.cross_entropy(stage.aux(graph.output), labels) / k).backward()
+        (F.cross_entropy(stage.aux(widen(graph.output)), labels) / k).backward()
 
 
 class ForwardGradient(KeepGraph):
@@ -81,7 +82,7 @@ class ForwardGradient(KeepGraph):
         the true gradients, is not looked at: a test may guess it exactly). The auxiliary head's
         own parameters get their gradients (the head learns from its loss)."""
         head = list(stage.aux.parameters())
-        grads = torch.autograd.grad(F.cross_entropy(stage.aux(graph.output), labels) / k, [*wrt, *head],
+        grads = torch.autograd.grad(F.cross_entropy(stage.aux(widen(graph.output)), labels) / k, [*wrt, *head],
                                     retain_graph=True, allow_unused=True)
         for p, g in zip(head, grads[len(wrt):]):
             if g is not None:

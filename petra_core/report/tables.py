@@ -191,12 +191,14 @@ def _series_cell(g: pd.DataFrame, method: str, k: int, metric: str) -> dict:
 # ---- rendering ----------------------------------------------------------------------------------
 def render_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path, profile: str,
                cyclic_dir: str | Path | None = None,
-               replicas_dir: str | Path | None = None) -> list[Path]:
+               replicas_dir: str | Path | None = None, gpu_dir: str | Path | None = None) -> list[Path]:
     """Write every table of ``TABLES`` (``.md`` and ``.tex``) into ``out_dir``; returns the paths.
 
-    The replica-rule table reads ``replicas_dir`` (a profile's results; ``results_dir`` when None)."""
+    The replica-rule table reads ``replicas_dir`` (a profile's results; ``results_dir`` when None);
+    Table 1's GPU section reads ``gpu_dir`` (``bench_gpu.py``'s files; none when None)."""
     from . import costs as costs_mod
     from . import cyclic as cyclic_mod
+    from . import gpu as gpu_mod
     from . import replicas as replicas_mod
     from . import results as results_mod
 
@@ -204,7 +206,7 @@ def render_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Pa
     rule_frames, rule_profile = (frames, profile) if replicas_dir is None else replicas_mod.load(replicas_dir)
     costs = costs_mod.load(costs_dir)
     reference = load_paper_reference()
-    contexts = {"table1_costs": table1_context(costs, reference),
+    contexts = {"table1_costs": {**table1_context(costs, reference), "gpu": gpu_mod.gpu_context(gpu_mod.load(gpu_dir))},
                 "table2_accuracy": table2_context(frames, profile, reference),
                 "table3_memory": table3_context(costs, frames, profile, reference),
                 "budget_gap": budget_context(frames, profile, reference),

@@ -16,6 +16,7 @@ import yaml
 
 from ..data.sources import DATASETS
 from ..methods import METHODS
+from ..precision import PRECISIONS
 from ..replicas import REPLICA_RULES
 from ..models.aux_heads import AUX_HEADS
 from ..models.specs import ARCHS
@@ -74,7 +75,11 @@ class RunConfig:
                                       "on cuda, 0 on cpu (where the cores are busy training)")
     channels_last: bool = _key(False, "weights and activations in channels-last memory format (faster oneDNN "
                                       "convolutions at some widths; measure with benchmarks/bench_speed.py)")
-    deterministic: bool = _key(True, "deterministic algorithms (bit-exact repeatability on CPU)")
+    precision: str = _key("fp32", "numeric precision of the stages' compute: fp32 (strict, TF32 off), tf32 (TF32 matmuls "
+                                  "and convolutions on CUDA) or bf16 (autocast; weights, gradients and the activations "
+                                  "stages send stay float32)", PRECISIONS)
+    deterministic: bool = _key(True, "deterministic algorithms and cuDNN without benchmarking (bit-exact repeatability "
+                                     "on one machine); false: cuDNN picks its fastest algorithms")
     runtime: str = _key("simulator", "simulator (one process) or distributed (one process per rank, under torchrun)",
                         ("simulator", "distributed"))
     replicas: int = _key(1, "data-parallel replicas of the pipeline (the mesh's replica axis): each trains on its own "

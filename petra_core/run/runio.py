@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from ..precision import numerics
+
 CONFIG, ENV, HISTORY, METRICS, CHECKPOINT = "config.yaml", "env.json", "history.json", "metrics.json", "checkpoint.pt"
 FIDELITY = "fidelity.csv"  # a run's gradient-fidelity log (fidelity_every > 0)
 # the measured cost tables (``petra costs``, accounting) that the report reads (results/costs/)
@@ -27,6 +29,7 @@ COST_FILES = ("table1_per_stage.csv", "table1.csv", "network_costs.csv", "table3
 # the rest of the report renders (committed, so a clone renders them without training)
 REPLICA_RESULTS = "results/cdp"
 REPLICA_FILES = ("summary.csv", "results.csv", "history.csv")
+GPU_RESULTS = "results/gpu"  # benchmarks/bench_gpu.py's files (<GPU>.json), Table 1's GPU section
 
 
 def _umask() -> int:
@@ -120,8 +123,23 @@ def environment(device: str) -> dict:
         "torch": torch.__version__, "torchvision": torchvision.__version__, "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "device": device,
+        # what decides whether another machine can reproduce the run's bits (``petra verify``)
+        "cpu_model": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        **numerics(),
     }
     if device == "cuda" and torch.cuda.is_available():
         env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         env["cuda"] = torch.version.cuda
+        env["cudnn"] = torch.backends.cudnn.version()
     return env
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from . import runio
 from .config import ConfigError, RunConfig, check_same_run
 from ..data import DataError
+from ..precision import set_numerics
 from .evaluation import evaluate, reestimate_batch_norm
 from .session import Session
 
@@ -46,7 +47,7 @@ class Diverged(RuntimeError):
 def setup_runtime(cfg: RunConfig) -> torch.device:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    torch.use_deterministic_algorithms(cfg.deterministic, warn_only=True)
+    set_numerics(cfg.precision, cfg.deterministic)  # TF32 flags, deterministic algorithms, cuDNN benchmark
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda' but no CUDA device is visible; allowed here: cpu")
     return torch.device(cfg.device)

@@ -1,13 +1,15 @@
 rule tables:
     """Tables 1-3 (Markdown and LaTeX booktabs) of the selected profile, ours beside the paper's:
     paper_tables/table1_costs, table2_accuracy, table3_memory, budget_gap (.md, .tex); and
-    replica_rules (the cdp profile's runs, results/cdp) and cyclic (results/cyclic)."""
+    replica_rules (the cdp profile's runs, results/cdp), cyclic (results/cyclic) and Table 1's
+    GPU section (results/gpu/*.json, benchmarks/bench_gpu.py)."""
     input:
         summary=f"{RESULTS}/summary.csv",
         results=f"{RESULTS}/results.csv",
         costs=rules.costs.output,
         cyclic=rules.cyclic.output,
         replicas=REPLICAS,
+        gpu=GPU_FILES,
         reference=REFERENCE,
         templates=TEMPLATES,
         code=REPORT_CODE,
@@ -28,5 +30,6 @@ rule tables:
         costs=lambda wildcards, input: os.path.dirname(input.costs[0]),
         cyclic=lambda wildcards, input: os.path.dirname(input.cyclic[0]),
         replicas=lambda wildcards, input: os.path.dirname(input.replicas[0]),
+        gpu=GPU_RESULTS,
     shell:
-        "petra tables --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --replicas {params.replicas:q} --out {output:q} > {log:q} 2>&1"
+        "petra tables --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --replicas {params.replicas:q} --gpu {params.gpu:q} --out {output:q} > {log:q} 2>&1"

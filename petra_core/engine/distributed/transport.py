@@ -52,8 +52,8 @@ class _Receiver:
     """Receives the messages of one incoming edge, in the order requested, in a background thread
     (on a side stream on CUDA, with an event for the consumer to wait on)."""
 
-    def __init__(self, edge: _Edge, device: torch.device, stats: TransportStats):
-        self.edge, self.device, self.stats = edge, device, stats
+    def __init__(self, edge: _Edge, device: torch.device, stats: TransportStats, timeout: float = DEFAULT_TIMEOUT):
+        self.edge, self.device, self.stats, self.timeout = edge, device, stats, timeout
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"petra-recv-{DIRECTION[edge.direction]}-{edge.dst}")
         self.pending: deque[tuple[int, Future]] = deque()  # requested and not yet handed over
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -72,6 +72,10 @@ class _Receiver:
             header = torch.empty(HEADER, dtype=torch.int64, device=self.device)
             dist.irecv(header, e.peer, group=e.group).wait()
             t0 = time.perf_counter()
+            if self.stream is not None:  # NCCL's wait() only orders the stream: never block in tolist()
+                arrived = torch.cuda.Event()
+                arrived.record(self.stream)
+                wait_for(arrived, self.timeout, f"the header of minibatch {mb} from rank {e.peer}")
             h = header.tolist()
             if h[0] != MAGIC or h[1] != e.direction:
                 raise ProtocolError(f"corrupt message header from rank {e.peer}: {h[:3]}")
@@ -87,6 +91,17 @@ class _Receiver:
         self.stats.background_recv_s += time.perf_counter() - t0
         self.stats.bytes_received += sum(s[0].numel() * s[0].element_size() for s in slots if s is not None)
         return make_message(e.direction, mb, *(None if s is None else restore_layout(*s) for s in slots)), event
+
+
+def wait_for(event, timeout: float, what: str, poll_s: float = 0.0002) -> None:
+    """Wait until ``event`` (a CUDA event) has completed, at most ``timeout`` seconds, polling
+    instead of blocking, so a peer that never sends cannot hang the thread forever (and, with it,
+    the interpreter's exit, which joins every receiver thread)."""
+    deadline = time.monotonic() + timeout
+    while not event.query():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not arrive within {timeout:g} s")
+        time.sleep(poll_s)
 
 
 class DistributedTransport:
@@ -121,12 +136,30 @@ class DistributedTransport:
             self.out[FORWARD] = _Edge(FORWARD, hi, hi + 1, nxt, groups[FORWARD, rank])
         if hi + 1 < J and backward:
             self.receivers[BACKWARD] = _Receiver(
-                _Edge(BACKWARD, hi + 1, hi, nxt, groups[BACKWARD, nxt]), self.device, self.stats)
+                _Edge(BACKWARD, hi + 1, hi, nxt, groups[BACKWARD, nxt]), self.device, self.stats, timeout)
         if lo > 0:
             self.out[BACKWARD] = _Edge(BACKWARD, lo, lo - 1, prev, groups[BACKWARD, rank])
             self.receivers[FORWARD] = _Receiver(
-                _Edge(FORWARD, lo - 1, lo, prev, groups[FORWARD, prev]), self.device, self.stats)
+                _Edge(FORWARD, lo - 1, lo, prev, groups[FORWARD, prev]), self.device, self.stats, timeout)
         self.ready: dict[int, deque] = {direction: deque() for direction in self.receivers}  # received, unconsumed
+        self._open(backward)
+
+    def _open(self, backward: bool) -> None:
+        """One token over every edge of this rank, from the main thread, before any receiver
+        thread starts: NCCL creates a pair's communicator lazily, at its first operation, and
+        creating them here, one after another, keeps that out of the threads that later use two
+        communicators at once. Every rank takes its edges in the same global order (by the lower
+        rank of the pair, then direction), so along a pipeline the pairs complete in turn."""
+        edges = [(e, True) for d, e in self.out.items() if d == FORWARD or backward]
+        edges += [(rx.edge, False) for rx in self.receivers.values()]
+        token = torch.zeros(1, device=self.device)
+        for edge, sending in sorted(edges, key=lambda x: (min(self.rank, x[0].peer), x[0].direction)):
+            try:
+                (dist.send if sending else dist.recv)(token, edge.peer, group=edge.group)
+            except Exception as err:  # noqa: BLE001
+                raise self._lost(edge.dst if sending else edge.src, "opening the pipeline's connections", err) from err
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     # -- naming ---------------------------------------------------------------------------------
     def where(self, stage: int) -> str:
@@ -172,6 +205,9 @@ class DistributedTransport:
     def _send(self, direction: int, src: int, dst: int, mb: int, a: Tensor | None, b: Tensor | None) -> None:
         t0 = time.perf_counter()
         edge = self.out[direction]
+        if self.backend == "nccl":  # host tensors (the labels, pinned) go to the GPU NCCL sends from
+            a, b = (t.to(self.device, non_blocking=True) if t is not None and t.device.type == "cpu" else t
+                    for t in (a, b))
         (slot_a, wa), (slot_b, wb) = to_wire(a), to_wire(b)
         header = torch.tensor([MAGIC, direction, mb, *slot_a, *slot_b], dtype=torch.int64)
         if self.device.type == "cuda":  # from pinned memory: the copy does not wait for the GPU to drain
