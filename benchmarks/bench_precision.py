@@ -7,7 +7,8 @@ RevNet18 and RevNet50 at the paper's width (64), CIFAR stem, batch 32 of random 
 initial weights, batch statistics (as the reconstruction runs in training). For every reversible
 stage: the relative error of the rebuilt input ‖x̂ − x‖ / ‖x‖, and its position in the chain of
 rebuilds (1: rebuilt from an exact output; 2: from an input the next stage rebuilt, ...).
-Writes ``results/precision/<device>.json``.
+Each precision with float32 messages between stages (what training does); bf16 also with
+16-bit messages (``native``), the contrast. Writes ``results/precision/<device>.json``.
 """
 from __future__ import annotations
 
@@ -37,20 +38,25 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    precisions = ["fp32", "tf32", "bf16"] if device.type == "cuda" else ["fp32", "bf16"]
+    # (precision, messages): as training runs them (float32 messages), and bf16 with 16-bit messages
+    # as the contrast that shows why training widens what stages send
+    settings = [("fp32", "float32"), ("tf32", "float32"), ("bf16", "float32"), ("bf16", "native")]
+    if device.type != "cuda":
+        settings.remove(("tf32", "float32"))  # TF32 is fp32 on a CPU
     rows = []
     for arch in args.archs.split(","):
         torch.manual_seed(0)
         model = build_model(arch, num_classes=10, width=args.width).to(device)
         x = torch.randn(args.batch, 3, 32, 32, device=device)
-        for name in precisions:
-            for r in reconstruction_errors(model, x, name):
+        for name, messages in settings:
+            for r in reconstruction_errors(model, x, name, messages):
                 if r["rebuilds"]:
                     rows.append({"arch": arch, **r})
         print(f"{arch}: relative error of each rebuilt input (stage: chain position)")
-        for name in precisions:
-            cells = [f"{r['stage']}:{r['chain']} {r['rel_error']:.1e}" for r in rows if r["arch"] == arch and r["precision"] == name]
-            print(f"  {name:5s} " + "  ".join(cells))
+        for name, messages in settings:
+            cells = [f"{r['stage']}:{r['chain']} {r['rel_error']:.1e}" for r in rows
+                     if r["arch"] == arch and r["precision"] == name and r["messages"] == messages]
+            print(f"  {name:5s} {messages:8s}" + "  ".join(cells))
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or platform.machine()
     out = {"device": name, "torch": torch.__version__, "width": args.width, "batch": args.batch, "rows": rows}
     path = Path(args.out) / f"{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-').lower() or 'device'}.json"

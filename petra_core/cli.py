@@ -6,6 +6,7 @@ line, ``petra: error: ...``, with a non-zero exit status.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -104,6 +105,17 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    from .run.verify import format_report, verify
+
+    report = verify(args.run_dir, epochs=args.epochs, overrides=args.overrides,
+                    log=lambda msg: print(msg, file=sys.stderr))
+    print(format_report(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0 if report["identical"] else 1
+
+
 def cmd_prepare(args) -> int:
     out = Path(args.out) if args.out else Path("data/prepared") / args.dataset
     path = prepare(args.dataset, args.source, out, overwrite=args.overwrite)
@@ -132,6 +144,19 @@ def build_parser() -> argparse.ArgumentParser:
                                             "checkpoints/..., which DVC versions, see petra store)")
     p.add_argument("--help-config", action="store_true", help="list every config key with default and meaning")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("verify", help="retrain a recorded run's first epochs at this code and compare with its record",
+                       description="Retrain the first N epochs of a recorded run (RUN_DIR/config.yaml) in a temporary "
+                                   "directory and compare them epoch by epoch with RUN_DIR/history.json. Prints "
+                                   "'bit-identical' or the differences, and whether bit identity was to be expected "
+                                   "(same code revision, torch, CPU capability and model, threads; on CUDA the GPU, "
+                                   "CUDA and cuDNN). Exit status 0 when bit-identical, 1 when not.")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--epochs", type=int, default=1, help="epochs to retrain and compare (default %(default)s)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config change for the retraining, e.g. --set threads=2 (repeatable; it may break bit identity)")
+    p.add_argument("--json", help="also write the report as JSON to this file")
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("prepare", help="convert a dataset source once into data/prepared/DATASET")
     p.add_argument("dataset", choices=DATASETS)

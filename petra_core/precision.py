@@ -8,11 +8,12 @@
 * ``bf16``: ``torch.autocast`` to bfloat16 around every stage's forward and rebuild
   (convolutions and matmuls in bf16; batch norm, the loss and the reversible couplings'
   additions stay float32, as autocast's op lists say). Weights, gradients, optimizer state and
-  the activations stages send each other stay float32. A reversible stage rebuilds its input
-  under the same autocast as its forward, so F and G round the same way both times: from its
-  exact output the rebuilt input is within ~1e-11 of the true one; from an input that was itself
-  rebuilt (a chain of reversible stages) each stage adds about bf16's rounding, 1e-3 to 1e-2
-  relative (``petra_core.accounting.reconstruction``, measured in docs/reproducing.md).
+  the activations stages send each other stay float32. That float32 stream is what keeps PETRA
+  exact: a reversible coupling adds a bf16 F(x) (8 significant bits) to a float32 stream, which
+  float32 represents exactly in nearly every element, and its inverse subtracts the same bf16
+  F(x), recomputed on the same input. Rebuilt inputs come back within ~1e-10 (relative), closer
+  than at fp32 (~1e-7); with bf16 activations between stages they would drift by 1e-3 to 1e-2
+  (``petra_core.accounting.reconstruction``, ``benchmarks/bench_precision.py``).
 
 ``deterministic`` (also a run key, independent of precision): deterministic algorithms, cuDNN
 in deterministic mode without benchmarking; off, cuDNN benchmarks its algorithms (fastest).

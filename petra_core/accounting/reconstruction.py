@@ -10,25 +10,36 @@ the relative error ‖x̂ − x‖ / ‖x‖ and the largest elementwise error r
 
 Precisions: those a run trains at (:mod:`petra_core.precision`): ``fp32``, ``tf32`` (TF32
 matmuls and convolutions on CUDA; fp32 on a CPU), ``bf16`` (autocast to bfloat16).
+
+``messages``: ``"float32"`` (what training does: every stage's output, and every rebuilt input,
+is widened to float32 before the next stage sees it) or ``"native"`` (left in whatever dtype
+autocast produced, i.e. bf16 activations between stages: the contrast that shows why training
+widens them — a coupling x̃ + F(x) computed in bf16 rounds away what its inverse needs).
 """
 from __future__ import annotations
 
 import torch
 
-from ..precision import PRECISIONS, precision_scope  # noqa: F401 (PRECISIONS: for callers)
+from ..precision import PRECISIONS, precision_scope, widen  # noqa: F401 (PRECISIONS: for callers)
+
+MESSAGES = ("float32", "native")
+
 
 @torch.no_grad()
-def reconstruction_errors(model, x: torch.Tensor, name: str) -> list[dict]:
+def reconstruction_errors(model, x: torch.Tensor, name: str, messages: str = "float32") -> list[dict]:
     """Per stage (train mode: batch statistics, as PETRA's reconstruction runs): kind, whether it
     rebuilds its input, the chain position, and the relative errors of the rebuilt input."""
+    if messages not in MESSAGES:
+        raise ValueError(f"messages {messages!r} is not allowed; allowed: {', '.join(MESSAGES)}")
+    sent = widen if messages == "float32" else (lambda t: t)
     device = x.device
     model.train()
     inputs = []
     with precision_scope(name, device):
         h = x
         for stage in model:
-            inputs.append(h.float())
-            h = stage(h)
+            inputs.append(h)  # what the stage receives, as it was sent
+            h = sent(stage(h))
         rows = []
         rebuilt = None  # what the next stage handed down (None: the next stage kept its input)
         depth = 0
@@ -39,14 +50,14 @@ def reconstruction_errors(model, x: torch.Tensor, name: str) -> list[dict]:
                              "max_error": 0.0})
                 rebuilt, depth = None, 0
                 continue
-            y = stage(inputs[j]) if rebuilt is None else rebuilt  # the exact output, or the one handed down
-            x_hat = stage.inverse(y).float()
-            true = inputs[j]
+            y = sent(stage(inputs[j])) if rebuilt is None else rebuilt  # the exact output, or the one handed down
+            x_hat = sent(stage.inverse(y))
+            true = inputs[j].float()
             depth += 1
             rows.append({"stage": j, "kind": stage.kind, "rebuilds": True, "chain": depth,
-                         "rel_error": float((x_hat - true).norm() / true.norm()),
-                         "max_error": float((x_hat - true).abs().max() / true.abs().max())})
+                         "rel_error": float((x_hat.float() - true).norm() / true.norm()),
+                         "max_error": float((x_hat.float() - true).abs().max() / true.abs().max())})
             rebuilt = x_hat
     for r in rows:
-        r["precision"] = name
+        r["precision"], r["messages"] = name, messages
     return sorted(rows, key=lambda r: r["stage"])

@@ -1,10 +1,10 @@
 """Table 3 (memory of RevNet50 on ImageNet, batch 64, k = 1): the paper's formula and real shapes.
 
-Conventions of the paper's formula (shared/paper/ARCHITECTURE.md, "How the paper's Table 3 was
-computed"): float32, GB = 1e9 bytes; staleness of 1-based stage j is 2(J - j); model memory =
-sum over stages of (parameters + batch-norm buffers + one input activation); input buffer =
-stage input x staleness for every stage when inputs are stored (rows 1-2, the stem's image buffer
-included), for downsampling stages only otherwise (rows 3-4); parameter buffer = parameters x
+Conventions of the paper's formula (docs/architecture.md, "Table 3 memory formula"): float32,
+GB = 1e9 bytes; staleness of 1-based stage j is 2(J - j); model memory = sum over stages of
+(parameters + batch-norm buffers + one input activation); input buffer = stage input x staleness
+for every stage when inputs are stored (rows 1-2, the stem's image buffer included), for
+downsampling stages only otherwise (rows 3-4); parameter buffer = parameters x
 ceil(staleness / k); stage inputs at one stream's width except stem and downsampling stages.
 Every size comes from the real model by shape propagation (:func:`stage_shapes`).
 """

@@ -2,8 +2,8 @@
 
 RevNet activations are a pair of streams (x, x̃) stored side by side along the channel axis,
 so every message between stages is a single tensor. Design facts (which block is invertible,
-where projections sit) follow ``shared/paper/ARCHITECTURE.md``; the residual branch F ends with a
-ReLU, as in the authors' models.
+where projections sit) follow ``docs/architecture.md``, Blocks; the residual branch F ends with
+a ReLU, as in the authors' models.
 """
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ class CouplingGraph(LocalGraph):
 
 
 class Stage(nn.Module):
-    """Base class of every stage. ``kind`` is one of S (stem), R, D, B, H (see ARCHITECTURE.md)."""
+    """Base class of every stage. ``kind`` is one of S (stem), R, D, B, H (docs/architecture.md)."""
 
     reversible: bool = False
     kind: str = "B"

@@ -34,7 +34,7 @@ class StagedModel(nn.Sequential):
 
     @property
     def kinds(self) -> str:
-        """Stage kinds as in ARCHITECTURE.md, e.g. ``"S R R D R D R D R H"`` for RevNet18."""
+        """Stage kinds as in docs/architecture.md (Stages and models), e.g. ``"S R R D R D R D R H"`` for RevNet18."""
         return " ".join(stage.kind for stage in self)
 
     @property

@@ -70,8 +70,11 @@ def stop_on_signals():
 
 
 def train(cfg: RunConfig, run_dir: str | Path, *, checkpoint_dir: str | Path | None = None, on_tick=None,
-          log=print) -> dict:
+          log=print, until_epoch: int | None = None) -> dict:
     """Run (or resume, or report) the run ``cfg`` in ``run_dir``; returns the final metrics.
+
+    ``until_epoch``: stop after that many epochs (checkpoint written, no metrics.json) and return
+    ``{"history": [...]}`` (``petra verify`` retrains the first epochs of a record so).
 
     The checkpoint lives in ``checkpoint_dir`` (default: ``run_dir``), records in ``run_dir``.
     With ``runtime: distributed`` every rank calls this (under torchrun); all return the metrics.
@@ -89,7 +92,7 @@ def train(cfg: RunConfig, run_dir: str | Path, *, checkpoint_dir: str | Path | N
                  on_start=None if on_tick is None else lambda: on_tick(-1))
     ok = False
     try:
-        metrics = Trainer(rt, cfg, run_dir, on_tick, log).run()
+        metrics = Trainer(rt, cfg, run_dir, on_tick, log, until_epoch=until_epoch).run()
         ok = True
         return metrics
     except (Interrupted, Diverged, ConfigError, DataError):  # raised by every rank together
@@ -108,8 +111,10 @@ class Trainer:
     epoch's last tick) → :meth:`stop_if_signalled`, and :meth:`finish`. Every rank of a
     distributed run runs the same phases at the same ticks (the collectives keep them in step)."""
 
-    def __init__(self, session: Session, cfg: RunConfig, run_dir: Path, on_tick=None, log=print):
+    def __init__(self, session: Session, cfg: RunConfig, run_dir: Path, on_tick=None, log=print,
+                 until_epoch: int | None = None):
         self.rt, self.cfg, self.run_dir, self.on_tick, self.log = session, cfg, run_dir, on_tick, log
+        self.until_epoch = until_epoch
         self.pipe = session.pipe
         self.B, self.G = session.batches_per_epoch, session.stream_batches_per_epoch  # per replica; the stream's
         self.epoch_end = {self.pipe.schedule.backward_tick((e + 1) * self.B - 1, 0): e for e in range(cfg.epochs)}
@@ -161,6 +166,8 @@ class Trainer:
                 signalled = self.agree(stop["signal"], diverged)
                 if epoch is not None:
                     self.end_epoch(epoch)
+                    if self.until_epoch is not None and len(self.history) >= self.until_epoch and not pipe.done:
+                        return {"history": self.history}
                 self.stop_if_signalled(signalled)
         return self.finish()
 

@@ -1,0 +1,97 @@
+"""``petra verify RUN_DIR``: retrain the first epochs of a recorded run at the current code and
+compare them, epoch by epoch, with its record.
+
+The verdict is "bit-identical" or the differences, key by key, and beside it whether bit identity
+was to be expected. It is only expected where nothing that changes floating-point results
+differs between the record's machine and this one: the code revision, torch, the CPU's kernel
+set (``torch.backends.cpu.get_cpu_capability()``) and model, the number of threads, the device
+(and on CUDA the GPU, CUDA and cuDNN). Each of those is compared from the record's ``env.json``;
+one the record does not hold (a record older than these fields) is "unknown".
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from . import runio
+from .config import RunConfig
+
+TIMING = {"images_per_s", "wall_time_s", "eval_time_s", "bn_reestimate_time_s"}  # differ run to run
+# what decides a run's bits, as env.json names it; "gpus", "cuda", "cudnn" only on CUDA
+DECISIVE = ("git_revision", "torch", "cpu_capability", "cpu_model", "torch_threads", "device", "gpus", "cuda", "cudnn")
+
+
+def expectations(recorded: dict, now: dict) -> list[dict]:
+    """Per decisive field: its value in the record and here, and whether they agree (None: unknown)."""
+    rows = []
+    for key in DECISIVE:
+        if key in ("gpus", "cuda", "cudnn") and recorded.get("device") != "cuda" and now.get("device") != "cuda":
+            continue
+        was, is_ = recorded.get(key), now.get(key)
+        same = None if was is None else was == is_
+        if key == "git_revision" and was is not None and str(was).endswith("-dirty"):
+            same = False  # a dirty revision names no code anyone can check out
+        rows.append({"key": key, "record": was, "here": is_, "same": same})
+    return rows
+
+
+def differences(recorded: list[dict], now: list[dict], epochs: int) -> list[dict]:
+    """Every (epoch, key) whose value differs, with both values; [] when bit-identical."""
+    diffs = []
+    for e in range(epochs):
+        a, b = recorded[e], now[e]
+        for key in sorted((set(a) | set(b)) - TIMING):
+            if a.get(key) != b.get(key):
+                row = {"epoch": e + 1, "key": key, "record": a.get(key), "here": b.get(key)}
+                if isinstance(a.get(key), (int, float)) and isinstance(b.get(key), (int, float)):
+                    row["difference"] = b[key] - a[key]
+                diffs.append(row)
+    return diffs
+
+
+def verify(run_dir: str | Path, epochs: int = 1, overrides: list[str] = (), work_dir: str | Path | None = None,
+           log=print) -> dict:
+    """Retrain ``epochs`` epochs of ``run_dir``'s config (+ ``overrides``) in ``work_dir`` (a temporary
+    directory by default) and compare with the record. Returns the report (see :func:`format_report`)."""
+    from .trainer import train
+
+    run_dir = Path(run_dir)
+    for name in (runio.CONFIG, runio.HISTORY):
+        if not (run_dir / name).exists():
+            raise ValueError(f"{run_dir} is not a recorded run: it has no {name}")
+    recorded = json.loads((run_dir / runio.HISTORY).read_text())
+    if not isinstance(epochs, int) or not 1 <= epochs <= len(recorded):
+        raise ValueError(f"--epochs {epochs!r} is not allowed; the record has {len(recorded)} epoch(s): 1..{len(recorded)}")
+    cfg = RunConfig.load(run_dir / runio.CONFIG, overrides=["progress=false", *overrides])
+    env = json.loads((run_dir / runio.ENV).read_text()) if (run_dir / runio.ENV).exists() else {}
+    with tempfile.TemporaryDirectory(prefix="petra-verify-", dir=work_dir) as tmp:
+        log(f"{run_dir}: retraining {epochs} of {len(recorded)} epoch(s) at the current code in {tmp}")
+        train(cfg, Path(tmp) / "run", log=log, until_epoch=epochs)
+        now_env = json.loads((Path(tmp) / "run" / runio.ENV).read_text())
+        now = json.loads((Path(tmp) / "run" / runio.HISTORY).read_text())
+    diffs = differences(recorded, now, epochs)
+    expect = expectations(env, now_env)
+    if overrides:
+        expect.append({"key": "config", "record": "as recorded", "here": " ".join(overrides), "same": False})
+    return {"run_dir": str(run_dir), "epochs": epochs, "identical": not diffs, "differences": diffs,
+            "expected": all(r["same"] for r in expect), "expectations": expect}
+
+
+def format_report(report: dict) -> str:
+    lines = []
+    if report["identical"]:
+        lines.append(f"{report['run_dir']}: bit-identical over {report['epochs']} epoch(s)")
+    else:
+        lines.append(f"{report['run_dir']}: differs from its record over {report['epochs']} epoch(s):")
+        for d in report["differences"]:
+            extra = f" ({d['difference']:+.6g})" if "difference" in d else ""
+            lines.append(f"  epoch {d['epoch']} {d['key']}: record {d['record']!r}, here {d['here']!r}{extra}")
+    verdict = "expected" if report["expected"] else "not to be expected"
+    lines.append(f"bit identity was {verdict}:")
+    for r in report["expectations"]:
+        mark = {True: "same", False: "differs", None: "unknown (not in the record)"}[r["same"]]
+        if r["key"] == "git_revision" and str(r["record"]).endswith("-dirty"):
+            mark = "the record's is dirty (uncommitted changes: no revision holds its code)"
+        lines.append(f"  {r['key']}: {mark}" + ("" if r["same"] else f" (record {r['record']!r}, here {r['here']!r})"))
+    return "\n".join(lines)
