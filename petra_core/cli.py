@@ -181,7 +181,7 @@ def _extensions():
     """Sub-commands contributed by other layers (report, accounting, storage), if present."""
     registers = []
     for module in ("petra_core.report.commands", "petra_core.accounting.commands", "petra_core.workflow.store",
-                   "petra_core.workflow.gpus"):
+                   "petra_core.workflow.gpus", "petra_core.workflow.revision"):
         try:
             registers.append(__import__(module, fromlist=["register"]).register)
         except ModuleNotFoundError as err:

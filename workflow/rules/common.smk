@@ -28,6 +28,7 @@ RUNS = {run.directory.as_posix(): run for run in grid.runs(SPEC)}
 CONFIGS = {path: run.config for path, run in RUNS.items()}
 DATA_SOURCES = {c.dataset: c.data_source for c in CONFIGS.values() if c.dataset != "synthetic"}
 RESULTS = f"results/{PROFILE}"
+REQUIRE_CLEAN_REVISION = str(config["require_clean_revision"]).lower() == "true"  # petra revision --check
 COSTS = "results/costs"
 CYCLIC = "results/cyclic"
 # the replica-rule table and curves compare the cdp profile's runs whatever PROFILE is: its results

@@ -1,0 +1,64 @@
+"""``petra revision --check`` (petra_core/workflow/revision.py): the grid trains only at a revision a
+record can name: committed, and in main's history."""
+import subprocess
+
+import pytest
+
+from petra_core.workflow.revision import RevisionError, check_revision
+
+
+def git(*args, cwd):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                   capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    git("init", "-q", "-b", "main", cwd=tmp_path)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "code.py", cwd=tmp_path)
+    git("commit", "-q", "-m", "one", cwd=tmp_path)
+    return tmp_path
+
+
+def test_a_clean_revision_in_main_is_named(repo):
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    assert check_revision(repo) == head
+    (repo / "new.txt").write_text("untracked files do not count\n")
+    assert check_revision(repo) == head
+
+
+def test_a_dirty_revision_is_refused_in_one_line(repo):
+    (repo / "code.py").write_text("x = 2\n")
+    with pytest.raises(RevisionError, match=r"is dirty \(1 changed file\(s\), e.g. code.py\): commit first") as err:
+        check_revision(repo)
+    assert "\n" not in str(err.value)
+
+
+def test_a_revision_outside_mains_history_is_refused(repo):
+    git("checkout", "-q", "-b", "side", cwd=repo)
+    (repo / "code.py").write_text("x = 3\n")
+    git("commit", "-q", "-am", "side", cwd=repo)
+    with pytest.raises(RevisionError, match=r"is not in main's history \(refs/heads/main\): merge it into main first"):
+        check_revision(repo)
+    git("checkout", "-q", "--detach", "main", cwd=repo)  # a worktree at a commit of main, detached
+    check_revision(repo)
+
+
+def test_no_main_branch_lets_a_clean_revision_through_with_a_warning(repo, capsys):
+    git("branch", "-m", "main", "trunk", cwd=repo)
+    check_revision(repo)
+    assert "no branch named main here" in capsys.readouterr().err
+
+
+def test_outside_a_repository_nothing_can_be_named(tmp_path):
+    with pytest.raises(RevisionError, match="is not in a git repository"):
+        check_revision(tmp_path)
+
+
+def test_the_train_rule_checks_the_revision_before_training():
+    from pathlib import Path
+
+    rule = (Path(__file__).resolve().parents[1] / "workflow/rules/train.smk").read_text()
+    assert 'check="petra revision --check &&" if REQUIRE_CLEAN_REVISION' in rule
+    assert "( {params.check} petra with-gpus" in rule
