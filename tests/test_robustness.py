@@ -105,3 +105,57 @@ def test_errors_name_the_flag_and_give_an_example(tmp_path):
         RunConfig.from_dict({"milestones": 5})
     with pytest.raises(ConfigError, match=r"e\.g\. milestones=\[150, 225\]"):
         RunConfig.from_dict({"milestones": [0]})
+
+
+# ---- files damaged on disk --------------------------------------------------------------------
+def interrupt_at(ticks):
+    def on_tick(tick):
+        if tick in ticks:
+            os.kill(os.getpid(), signal.SIGINT)
+    return on_tick
+
+
+def test_a_damaged_newest_checkpoint_resumes_from_the_previous_one_exactly(tmp_path, capsys):
+    """A checkpoint is replaced only once its successor reads back; if the newest is damaged (a
+    full disk, a partial copy), the run goes on from the one before, and ends with the same bits."""
+    cfg = RunConfig.from_dict({**RUN_4X16, "epochs": 3})
+    reference = train(cfg, tmp_path / "ref", log=lambda m: None)
+    run = tmp_path / "run"
+    with pytest.raises(Interrupted):
+        train(cfg, run, on_tick=interrupt_at({6}), log=lambda m: None)  # checkpoint at tick 6 (epoch 1 ended)
+    assert not (run / "checkpoint.previous.pt").exists()  # read back: the previous one is gone
+    first = (run / "checkpoint.pt").read_bytes()
+    with pytest.raises(Interrupted):
+        train(cfg, run, on_tick=interrupt_at({9}), log=lambda m: None)
+    (run / "checkpoint.previous.pt").write_bytes(first)  # as if the newest had not been read back yet
+    newest = (run / "checkpoint.pt").read_bytes()
+    (run / "checkpoint.pt").write_bytes(newest[: len(newest) // 2])  # truncated
+    resumed = train(cfg, run, log=lambda m: None)
+    err = capsys.readouterr().err
+    assert f"{run / 'checkpoint.pt'} is damaged (" in err and "resuming from the previous checkpoint" in err
+    drop = {"images_per_s", "wall_time_s", "eval_time_s", "bn_reestimate_time_s"}
+    assert {k: v for k, v in resumed.items() if k not in drop} == {k: v for k, v in reference.items() if k not in drop}
+    assert not (run / "checkpoint.previous.pt").exists()
+
+
+def test_a_damaged_checkpoint_with_nothing_before_it_is_one_line(tmp_path, capsys):
+    config = {**RUN_4X16, "epochs": 2}
+    run = tmp_path / "run"
+    with pytest.raises(Interrupted):
+        train(RunConfig.from_dict(config), run, on_tick=interrupt_at({5}), log=lambda m: None)
+    (run / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    assert main(["train", *argv(config), "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"petra: error: {run / 'checkpoint.pt'} is damaged (") and "\n" not in err
+    assert "dvc pull" in err and "delete it to train the run from the start" in err
+
+
+def test_a_damaged_run_record_is_named_in_one_line(tmp_path):
+    from petra_core.run.runio import DamagedFile, read_json, read_yaml
+
+    (tmp_path / "metrics.json").write_text('{"top1": 7')
+    with pytest.raises(DamagedFile, match=r"metrics.json is damaged \(JSONDecodeError: .*\): .*git checkout --"):
+        read_json(tmp_path / "metrics.json")
+    (tmp_path / "config.yaml").write_text("arch: [revnet18\n")
+    with pytest.raises(DamagedFile, match=r"config.yaml is damaged \(ScannerError|ParserError"):
+        read_yaml(tmp_path / "config.yaml")

@@ -18,7 +18,6 @@ import json
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from ..workflow import grid
 from ..run import runio
@@ -40,12 +39,12 @@ class MissingRuns(FileNotFoundError):
 def read_run(run_dir: Path, ident: dict) -> dict[str, pd.DataFrame]:
     """The four tidy frames of one finished run directory; every row starts with ``ident``."""
     run_dir = Path(run_dir)
-    cfg = yaml.safe_load((run_dir / runio.CONFIG).read_text())
+    cfg = runio.read_yaml(run_dir / runio.CONFIG)
     RunConfig.from_dict(cfg)  # a record that no longer parses is an error, not a silent row
-    metrics = json.loads((run_dir / runio.METRICS).read_text())
-    history = json.loads((run_dir / runio.HISTORY).read_text())
+    metrics = runio.read_json(run_dir / runio.METRICS)
+    history = runio.read_json(run_dir / runio.HISTORY)
     env_path = run_dir / runio.ENV
-    env = json.loads(env_path.read_text()) if env_path.exists() else {}
+    env = runio.read_json(env_path) if env_path.exists() else {}
     if "params" not in metrics or "stage_kinds" not in metrics:
         raise ValueError(f"{run_dir / runio.METRICS} records no parameter count or stage kinds (written by an "
                          f"older petra); train the run again")

@@ -8,9 +8,15 @@ gradients, buffers, stashes, optimizer and scheduler state). In a distributed ru
 first writes its own stages and in-flight state to
 ``checkpoint-parts/replica{r}-position{p}-tick{t}.pt``; rank 0's ``checkpoint.pt`` (naming the
 parts by coordinate) then commits the checkpoint, and older parts are deleted after that.
+
+Nothing is lost to a damaged file: a new ``checkpoint.pt`` is read back before the one it
+replaces (kept meanwhile as ``checkpoint.previous.pt``, with its parts) is deleted, and a run
+whose newest checkpoint cannot be read resumes from the previous one, saying so in one line.
 """
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from ..engine.placement import format_placement
@@ -18,6 +24,7 @@ from . import runio
 from .config import ConfigError, RunConfig, check_same_run
 
 PARTS = "checkpoint-parts"
+PREVIOUS = "checkpoint.previous.pt"  # the last checkpoint, until its successor has been read back
 
 
 def part_name(replica: int, position: int, tick: int) -> str:
@@ -30,15 +37,39 @@ class Checkpoints:
     def __init__(self, directory: Path, cfg: RunConfig, world):
         self.cfg, self.world = cfg, world
         self.path, self.parts_dir = Path(directory) / runio.CHECKPOINT, Path(directory) / PARTS
+        self.previous = Path(directory) / PREVIOUS
+        self.newest_damaged = False
 
     def exists(self) -> bool:
-        return self.path.exists()
+        return self.path.exists() or self.previous.exists()
+
+    def _newest_readable(self) -> tuple[Path, dict] | None:
+        """(path, manifest) of the newest checkpoint that can be read: checkpoint.pt, else the
+        previous one (a damaged newest is named in one line), else None."""
+        damage = None
+        if self.path.exists():
+            try:
+                return self.path, runio.load_checkpoint(self.path)
+            except runio.DamagedFile as err:
+                damage = err
+        if self.previous.exists():
+            manifest = runio.load_checkpoint(self.previous)  # damaged too: its own one-line error
+            if self.world.is_main:
+                why = f"{damage}" if damage else f"{self.path} is missing (interrupted while being replaced)"
+                print(f"petra: warning: {why}; resuming from the previous checkpoint {self.previous} "
+                      f"(tick {manifest.get('tick')})", file=sys.stderr)
+            self.newest_damaged = damage is not None
+            return self.previous, manifest
+        if damage is not None:
+            raise damage
+        return None
 
     def read_manifest(self) -> dict | None:
         """The committed checkpoint's manifest, checked against this run and this launch (None: none)."""
-        if not self.path.exists():
+        found = self._newest_readable()
+        if found is None:
             return None
-        manifest = runio.load_checkpoint(self.path)
+        _, manifest = found
         written = manifest.get("runtime", "simulator")
         if written != self.cfg.runtime:
             raise ConfigError(f"{self.path} was written by runtime={written}; resume it with that runtime")
@@ -65,12 +96,20 @@ class Checkpoints:
         replicas = {} if names is not None else {rep.index: rep.model.state_dict() for rep in pipe.replicas[1:]}
 
         def commit():  # rank 0, once every part is on disk
+            if self.path.exists():
+                if self.newest_damaged:  # never keep a damaged file as "the previous one"
+                    self.path.unlink()
+                else:
+                    os.replace(self.path, self.previous)
             runio.save_checkpoint(self.path, {
                 "runtime": self.cfg.runtime, "world_size": world.world_size, "mesh": [mesh.replicas, mesh.positions],
                 "placement": format_placement(world.placement), "tick": tick, "parts": names,
                 "pipeline": pipeline if names is None else None, "model": model_state, "replica_models": replicas,
                 "history": history, "config": self.cfg.to_dict()})
-            if names is not None:
+            runio.load_checkpoint(self.path)  # read back: only then is the previous one let go
+            self.newest_damaged = False
+            self.previous.unlink(missing_ok=True)
+            if names is not None:  # the previous checkpoint's parts too, now that this one reads back
                 for stale in self.parts_dir.iterdir():
                     if stale.name not in names.values():
                         stale.unlink(missing_ok=True)

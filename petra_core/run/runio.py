@@ -90,13 +90,58 @@ def write_yaml(path: Path, obj) -> None:
     write_text(path, yaml.safe_dump(obj, sort_keys=False))
 
 
+class DamagedFile(ValueError):
+    """A file petra wrote cannot be read back: truncated or corrupted on disk (one line: which
+    file, what is wrong, what to do)."""
+
+    def __init__(self, path: Path, what: str, advice: str):
+        super().__init__(f"{path} is damaged ({what}): {advice}")
+        self.path = Path(path)
+
+
+def _what(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"{type(err).__name__}: {text[:160]}" if text else type(err).__name__
+
+
+RECORD_ADVICE = ("a full disk, an interrupted copy or a partial pull leaves files so; restore it from git "
+                 "(git checkout -- FILE) or train the run again")
+CHECKPOINT_ADVICE = ("a full disk, an interrupted copy or a partial `dvc pull` leaves files so; fetch it again "
+                     "(dvc pull), or delete it to train the run from the start")
+
+
+def read_json(path: Path):
+    """A run record (JSON) petra wrote; :class:`DamagedFile` if it cannot be parsed."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DamagedFile(path, _what(err), RECORD_ADVICE.replace("FILE", str(path))) from None
+
+
+def read_yaml(path: Path):
+    """A run's ``config.yaml``; :class:`DamagedFile` if it cannot be parsed."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except (UnicodeDecodeError, yaml.YAMLError) as err:
+        raise DamagedFile(path, _what(err), RECORD_ADVICE.replace("FILE", str(path))) from None
+
+
 def save_checkpoint(path: Path, state: dict) -> None:
     atomic_write(path, lambda f: torch.save(state, f))
 
 
 def load_checkpoint(path: Path) -> dict:
+    """A checkpoint (or part) petra wrote; :class:`DamagedFile` if it cannot be read back."""
     # our own file: it holds dataclass messages and optimizer state, so not weights_only
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # noqa: BLE001 - torch.load raises many kinds on a truncated or corrupt file
+        raise DamagedFile(path, _what(err), CHECKPOINT_ADVICE) from None
+    if not isinstance(state, dict):
+        raise DamagedFile(path, f"holds a {type(state).__name__}, not a petra checkpoint", CHECKPOINT_ADVICE)
+    return state
 
 
 def git_revision() -> str | None:

@@ -83,10 +83,10 @@ def train(cfg: RunConfig, run_dir: str | Path, *, checkpoint_dir: str | Path | N
     """
     run_dir = Path(run_dir)
     config_file = run_dir / runio.CONFIG
-    check_same_run(run_dir, runio.yaml.safe_load(config_file.read_text()) if config_file.exists() else None, cfg)
+    check_same_run(run_dir, runio.read_yaml(config_file) if config_file.exists() else None, cfg)
     if (run_dir / runio.METRICS).exists():
         log(f"{run_dir}: already finished")
-        return runio.json.loads((run_dir / runio.METRICS).read_text())
+        return runio.read_json(run_dir / runio.METRICS)
     device = setup_runtime(cfg)
     rt = Session(cfg, run_dir, device, checkpoint_dir=checkpoint_dir,
                  on_start=None if on_tick is None else lambda: on_tick(-1))

@@ -60,11 +60,11 @@ def verify(run_dir: str | Path, epochs: int = 1, overrides: list[str] = (), work
     for name in (runio.CONFIG, runio.HISTORY):
         if not (run_dir / name).exists():
             raise ValueError(f"{run_dir} is not a recorded run: it has no {name}")
-    recorded = json.loads((run_dir / runio.HISTORY).read_text())
+    recorded = runio.read_json(run_dir / runio.HISTORY)
     if not isinstance(epochs, int) or not 1 <= epochs <= len(recorded):
         raise ValueError(f"--epochs {epochs!r} is not allowed; the record has {len(recorded)} epoch(s): 1..{len(recorded)}")
     cfg = RunConfig.load(run_dir / runio.CONFIG, overrides=["progress=false", *overrides])
-    env = json.loads((run_dir / runio.ENV).read_text()) if (run_dir / runio.ENV).exists() else {}
+    env = runio.read_json(run_dir / runio.ENV) if (run_dir / runio.ENV).exists() else {}
     with tempfile.TemporaryDirectory(prefix="petra-verify-", dir=work_dir) as tmp:
         log(f"{run_dir}: retraining {epochs} of {len(recorded)} epoch(s) at the current code in {tmp}")
         train(cfg, Path(tmp) / "run", log=log, until_epoch=epochs)
