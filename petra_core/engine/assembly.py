@@ -48,12 +48,16 @@ def build_workers(
     check_method_fits(method, model)
     k = check_k(k)
     J = len(model)
+    # each stage's first parameter tensor in network order, and their number (rules such as wash
+    # treat tensors by depth)
+    counts = [sum(1 for _ in model[j].parameters()) for j in range(J)]
     workers = []
     for j in stages if stages is not None else range(J):
         opt, sched = make_optimizer(model[j], recipe, batch_size=batch_size, k=k, steps_per_epoch=batches_per_epoch / k)
         send_back = j > 0 and method.policy_for(model[j - 1], last=False).needs_output_back
         workers.append(StageWorker(model[j], j, J, method.storage_for(model[j], last=j == J - 1), opt, sched,
                                    k=k, send_input_back=send_back, replica=replica, precision=precision))
+        workers[-1].tensor_offset, workers[-1].tensors_total = sum(counts[:j]), sum(counts)
     return workers
 
 
@@ -117,6 +121,12 @@ def assemble(model: StagedModel, method: str | Method, world, *, num_batches: in
     ranges, stage_costs = decision
     world.connect(ranges, schedule, backward=method.gradients_cross)
     models = {r: model if i == 0 else copy.deepcopy(model) for i, r in enumerate(world.replicas)}
+    if getattr(rule, "init", "same") == "different":  # a population of distinct initialisations
+        from ..replicas.population import reinitialise
+
+        for r, m in models.items():
+            if r > 0:
+                reinitialise(m, rule.seed, r)
     for m in models.values():
         for j in world.stages:
             if world.device_for(j) is not None:

@@ -91,6 +91,7 @@ class StageWorker:
         # a stage is placed on its device before its worker is built, and stays there
         self.params = list(stage.parameters())
         self.device = self.params[0].device
+        self.tensor_offset, self.tensors_total = 0, len(self.params)  # place among the model's tensors (assembly)
 
     # ---- the two halves of a tick -------------------------------------------------------------
     def _here(self, t: Tensor) -> Tensor:

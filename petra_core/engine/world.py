@@ -89,16 +89,22 @@ class World(Protocol):
 
 
 class LocalReplicaGroup:
-    """The R copies of a stage, all in this process: their mean, summed in replica order, at once."""
+    """The R copies of a stage, all in this process: their mean, summed in replica order, at once.
+    ``floats_sent``: the floats each replica has put into collectives (what a rank would send)."""
 
     overlaps = False
 
     def __init__(self, size: int):
         self.size = self.local = size
+        self.floats_sent = 0
 
-    def all_reduce_mean(self, tensors: list[Tensor]) -> Callable[[], None]:
+    def _check(self, tensors: list[Tensor]) -> None:
         if len(tensors) != self.size:
             raise RuntimeError(f"a local replica group of {self.size} got {len(tensors)} tensors")
+
+    def all_reduce_mean(self, tensors: list[Tensor]) -> Callable[[], None]:
+        self._check(tensors)
+        self.floats_sent += tensors[0].numel()
         total = tensors[0].clone()
         for t in tensors[1:]:
             total += t
@@ -106,6 +112,14 @@ class LocalReplicaGroup:
         for t in tensors:
             t.copy_(total)
         return lambda: None
+
+    def all_gather(self, tensors: list[Tensor]) -> Callable[[], Tensor]:
+        """Start gathering every copy's tensor (all of one shape); the wait returns them stacked,
+        (R, *shape), in replica order."""
+        self._check(tensors)
+        self.floats_sent += tensors[0].numel()
+        stacked = torch.stack(tensors)
+        return lambda: stacked
 
 
 class LocalWorld:

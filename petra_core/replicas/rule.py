@@ -42,6 +42,8 @@ class StageCopy(Protocol):
     params: list[nn.Parameter]
     optimizer: torch.optim.Optimizer
     steps: int  # optimizer steps taken so far: the step being prepared is number ``steps``
+    tensor_offset: int  # the stage's first parameter tensor among the model's, in network order
+    tensors_total: int  # the model's parameter tensors
 
 
 class ReplicaGroup(Protocol):
@@ -52,8 +54,14 @@ class ReplicaGroup(Protocol):
     local: int  # copies in this process (R in the simulator, 1 on a rank)
     overlaps: bool  # do its collectives run while this process computes (complete them late)?
 
+    floats_sent: int  # floats each replica has put into the group's collectives so far
+
     def all_reduce_mean(self, tensors: list[Tensor]) -> Callable[[], None]:
         """Start replacing every tensor, in place, by the mean over all R copies; returns the wait."""
+        ...
+
+    def all_gather(self, tensors: list[Tensor]) -> Callable[[], Tensor]:
+        """Start gathering the R copies' tensors (one shape); the wait returns them stacked, (R, ...)."""
         ...
 
 

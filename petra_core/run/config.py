@@ -30,7 +30,7 @@ class ConfigError(ValueError):
 
 
 def _key(default, help: str, choices: tuple | None = None, example: str | None = None):
-    kw = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    kw = {"default_factory": lambda: type(default)(default)} if isinstance(default, (list, dict)) else {"default": default}
     return field(**kw, metadata={"help": help, "choices": choices, "example": example})
 
 
@@ -87,6 +87,8 @@ class RunConfig:
     replica_rule: str = _key("dp", "what the replicas do together around each optimizer step", tuple(REPLICA_RULES))
     rule_stages: int | None = _key(None, "cdp1/cdp2: the contiguous stage groups L the cyclic delay counts (default: "
                                          "one per stage of the model)")
+    rule_options: dict = _key({}, "the replica rule's own settings: wash {p, momentum}, papa {rate, every, "
+                                  "scale_with_lr} (petra_core/replicas/population.py)", example="{p: 0.005}")
     placement: str = _key("even", "distributed: stages per rank: even, balanced (measured) or ranges like 0-3,4-9")
     dist_timeout: float = _key(60.0, "distributed: seconds before a silent peer is declared failed")
     fidelity_every: int = _key(0, "every N optimizer steps, compare delayed gradients with true ones (0 = off)")
@@ -167,6 +169,13 @@ class RunConfig:
                                   f"replica_rule={self.replica_rule!r} would ignore it (use rule_stages=null)")
             if self.rule_stages < 1:
                 raise ConfigError(f"rule_stages={self.rule_stages!r} must be >= 1")
+        if self.rule_options:
+            from ..replicas import get_rule
+
+            try:
+                get_rule(self.replica_rule, stages=self.rule_stages, options=self.rule_options, seed=self.seed)
+            except (TypeError, ValueError) as err:
+                raise ConfigError(f"rule_options={self.rule_options!r}: {err}") from None
         if self.runtime == "distributed" and self.fidelity_every:
             raise ConfigError(f"fidelity_every={self.fidelity_every!r} needs runtime=simulator (the true gradient "
                               f"needs the whole model in one process); use fidelity_every=0")
@@ -228,6 +237,7 @@ def _coerce(name: str, value, tp, example: str | None = None):
         float: isinstance(value, (int, float)) and not isinstance(value, bool),
         str: isinstance(value, str),
         list: isinstance(value, list),
+        dict: isinstance(value, dict),
     }.get(base, True)
     if not ok:
         hint = f", e.g. {name}={example}" if example else ""

@@ -147,7 +147,8 @@ class Session:
             self.model, cfg.method, world, num_batches=cfg.epochs * self.batches_per_epoch,
             get_batch=get_batch if world.position == 0 else None, batch_size=cfg.batch_size, k=cfg.k,
             recipe=recipe_of(cfg), batches_per_epoch=self.batches_per_epoch, placement=placement,
-            measure=measure_stage_costs, rule=get_rule(cfg.replica_rule, stages=cfg.rule_stages),
+            measure=measure_stage_costs, rule=get_rule(cfg.replica_rule, stages=cfg.rule_stages, options=cfg.rule_options,
+                                                   seed=cfg.seed),
             precision=cfg.precision)))
 
     # ---- keeping ranks in step (trivial in one process) ------------------------------------------

@@ -16,7 +16,7 @@ def simulator_state(argv, method):
         model, get_batch, recipe = demo_setup(args)
         Simulator(model, method, num_batches=args.steps, get_batch=get_batch, batch_size=args.batch, k=args.k,
                   recipe=recipe, replicas=args.replicas,
-                  rule=get_rule(args.rule, stages=args.rule_stages)).run()
+                  rule=get_rule(args.rule, stages=args.rule_stages, options=args.rule_options, seed=0)).run()
     finally:
         torch.set_num_threads(threads)
     return model.state_dict()

@@ -74,6 +74,7 @@ def parser() -> argparse.ArgumentParser:
                    help="data-parallel replicas: the ranks form a mesh of replicas x (ranks / replicas) positions")
     p.add_argument("--rule", default="dp", help="replica rule (petra_core.replicas.REPLICA_RULES)")
     p.add_argument("--rule-stages", type=int, default=None, help="cdp1/cdp2: the stage groups L")
+    p.add_argument("--rule-options", type=json.loads, default=None, help='the rule\'s options as JSON, e.g. \'{"p": 0.1}\'')
     p.add_argument("--steps", type=int, default=20, help="minibatches per replica (optimizer steps when k = 1)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05)
@@ -159,7 +160,7 @@ def _run_one(args, method: str, device: torch.device) -> None:
     pipe = DistributedPipeline(model, method, num_batches=args.steps, get_batch=get_batch, batch_size=args.batch,
                                k=args.k, recipe=recipe, placement=args.placement, measure=measure_stage_costs,
                                device=device, replicas=args.replicas,
-                               rule=get_rule(args.rule, stages=args.rule_stages),
+                               rule=get_rule(args.rule, stages=args.rule_stages, options=args.rule_options, seed=0),
                                timeout=args.timeout, sync_timing=device.type == "cuda")
     fetched = Fetched()
     pipe.observers.append(fetched)

@@ -45,15 +45,30 @@ class DistributedReplicaGroup:
 
     def __init__(self, group, size: int, collective: Callable):
         self.group, self.size, self.collective = group, size, collective
+        self.floats_sent = 0  # what this rank has put into the replica axis' collectives
 
     def all_reduce_mean(self, tensors: list) -> Callable[[], None]:
         (t,) = tensors
-        work = self.collective("averaging gradients with the other replicas",
+        self.floats_sent += t.numel()
+        work = self.collective("averaging with the other replicas",
                                lambda: dist.all_reduce(t, group=self.group, async_op=True))
 
         def wait() -> None:
-            self.collective("averaging gradients with the other replicas", work.wait)
+            self.collective("averaging with the other replicas", work.wait)
             t.div_(self.size)
+
+        return wait
+
+    def all_gather(self, tensors: list) -> Callable:
+        (t,) = tensors
+        self.floats_sent += t.numel()
+        outs = [torch.empty_like(t) for _ in range(self.size)]
+        work = self.collective("gathering from the other replicas", lambda: dist.all_gather(
+            outs, t.contiguous(), group=self.group, async_op=True))
+
+        def wait():
+            self.collective("gathering from the other replicas", work.wait)
+            return torch.stack(outs)
 
         return wait
 

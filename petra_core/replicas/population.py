@@ -1,0 +1,188 @@
+"""Populations: N models trained side by side to be averaged (or ensembled) at the end.
+
+No gradient crosses replicas here: each replica trains its own model on its own shard of every
+epoch. What the replicas do together happens after a step, on the weights (``after_step``):
+
+* ``independent``: nothing (a plain ensemble; its naive weight average is the control);
+* ``papa`` (Population Parameter Averaging, Jolicoeur-Martineau et al.): every ``every`` steps
+  each model moves towards the population's average, θ_i ← (1 − λ)·θ_i + λ·mean(θ), with
+  λ = ``rate`` · lr / lr₀ (the learning rate relative to its base), over the parameters and the
+  batch-norm running statistics — one all-reduce of the whole stage;
+* ``wash`` (Fournier et al., arXiv 2405.17517): after every step each scalar of parameter tensor k
+  (of the network's K, in network order) is selected with probability p_k = p · (1 − k/(K − 1)),
+  early layers most, and each selected scalar is moved between the models by its own uniform
+  random permutation. Only the selected entries travel (an all-gather of them).
+
+Every random draw comes from a generator seeded by (seed, step, stage), the same on every
+replica and rank, so the simulator and torch.distributed agree bit for bit and every replica
+selects the same entries.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .rule import ReplicaRule
+
+
+def stage_buffers(copy) -> list[Tensor]:
+    """The floating-point buffers of a stage copy (batch-norm running statistics)."""
+    return [b for b in copy.stage.buffers() if b.is_floating_point()]
+
+
+def draw_generator(seed: int, step: int, stage: int) -> torch.Generator:
+    """The generator of one (seed, step, stage): the same draws on every replica and rank."""
+    mixed = (int(seed) * 0x9E3779B1 + int(stage) * 0x85EBCA77 + int(step) * 0xC2B2AE3D) % (2**63 - 1)
+    return torch.Generator().manual_seed(mixed)
+
+
+INITS = ("same", "different")
+
+
+class Population(ReplicaRule):
+    """A population rule: ``init`` says whether the replicas start from one initialisation
+    (``same``: replica 0's, copied) or each from its own (``different``: replica r ≥ 1
+    re-initialised from a generator of (seed, r), as :func:`reinitialise` does)."""
+
+    def __init__(self, init: str = "same", seed: int = 0):
+        if init not in INITS:
+            raise ValueError(f"{self.name}: init={init!r} is not allowed; allowed: {', '.join(INITS)}")
+        self.init, self.seed = init, int(seed)
+
+
+def reinitialise(model, seed: int, replica: int) -> None:
+    """Give ``model`` the fresh default initialisation of replica ``replica`` (every module's own
+    ``reset_parameters``, batch-norm statistics included), drawn from a generator of (seed,
+    replica): the same on every rank, whichever stages it holds."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(int(draw_generator(seed, -1, replica).initial_seed()))
+    try:
+        for module in model.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+            if hasattr(module, "reset_running_stats"):
+                module.reset_running_stats()
+    finally:
+        torch.random.set_rng_state(state)
+
+
+class Independent(Population):
+    """``independent``: the replicas never exchange anything (an ensemble of independent models)."""
+
+    name = "independent"
+
+
+class PAPA(Population):
+    """``papa``: every ``every`` steps, θ_i ← (1 − λ)·θ_i + λ·mean(θ), λ = ``rate``·lr/lr₀."""
+
+    name = "papa"
+
+    def __init__(self, rate: float = 0.01, every: int = 10, scale_with_lr: bool = True, init: str = "same",
+                 seed: int = 0):
+        super().__init__(init, seed)
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"papa: rate={rate!r} is not allowed; allowed: 0 <= rate <= 1")
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"papa: every={every!r} is not allowed; allowed: an integer >= 1")
+        self.rate, self.every, self.scale_with_lr = float(rate), every, bool(scale_with_lr)
+
+    def strength(self, copy) -> float:
+        group = copy.optimizer.param_groups[0]
+        base = group.get("initial_lr", group["lr"])
+        return self.rate * (group["lr"] / base if self.scale_with_lr and base else 1.0)
+
+    def after_step(self, copies: Sequence, group) -> None:
+        if group.size == 1 or copies[0].steps % self.every:
+            return
+        with torch.no_grad():
+            states = [[*c.params, *stage_buffers(c)] for c in copies]
+            flats = [torch.cat([t.detach().reshape(-1) for t in state]) for state in states]
+            means = [f.clone() for f in flats]
+            group.all_reduce_mean(means)()
+            for copy, state, mean in zip(copies, states, means):
+                lam = self.strength(copy)
+                offset = 0
+                for t in state:
+                    n = t.numel()
+                    target = mean[offset:offset + n].view(t.shape).to(t.dtype)
+                    t.mul_(1.0 - lam).add_(target, alpha=lam)
+                    offset += n
+
+    def __repr__(self) -> str:
+        return f"PAPA(rate={self.rate}, every={self.every}, scale_with_lr={self.scale_with_lr}, init={self.init!r})"
+
+
+class WASH(Population):
+    """``wash``: after every step, shuffle a layer-aware random fraction of the scalars between the
+    replicas (``p``: the first tensor's probability; ``momentum``: move the optimizer's momentum
+    buffers with their weights)."""
+
+    name = "wash"
+
+    def __init__(self, p: float = 0.01, momentum: bool = True, init: str = "same", seed: int = 0):
+        super().__init__(init, seed)
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"wash: p={p!r} is not allowed; allowed: 0 <= p <= 1")
+        self.p, self.momentum = float(p), bool(momentum)
+
+    @staticmethod
+    def probability(p: float, k: int, K: int) -> float:
+        """p_k of parameter tensor k of K (network order): p at the first, 0 at the last."""
+        return p if K <= 1 else p * (1.0 - k / (K - 1))
+
+    def selection(self, copy, step: int, replicas: int) -> list[tuple[int, Tensor, Tensor]]:
+        """(local tensor index, selected flat positions, permutations (n, R)) of ``copy``'s stage at
+        ``step``: what every replica of the stage draws alike."""
+        g = draw_generator(self.seed, step, copy.index)
+        out = []
+        for i, p in enumerate(copy.params):
+            pk = self.probability(self.p, copy.tensor_offset + i, copy.tensors_total)
+            chosen = (torch.rand(p.numel(), generator=g) < pk).nonzero().flatten()
+            if chosen.numel():
+                out.append((i, chosen, torch.rand(chosen.numel(), replicas, generator=g).argsort(1)))
+        return out
+
+    def after_step(self, copies: Sequence, group) -> None:
+        if group.size == 1 or self.p == 0.0:
+            return
+        selected = self.selection(copies[0], copies[0].steps - 1, group.size)  # the step just taken
+        if not selected:
+            return
+        device = copies[0].params[0].device
+        with torch.no_grad():
+            tensors = [self._tensors(c) for c in copies]  # per copy, per parameter: weight (and momentum)
+            kinds = len(tensors[0][0])
+            index = [(i, chosen.to(device), perms.to(device)) for i, chosen, perms in selected]
+            # one gather per stage and step: every selected scalar (and its momentum), in a fixed order
+            values = [torch.cat([tensors[c][i][w].view(-1)[idx] for i, idx, _ in index for w in range(kinds)])
+                      for c in range(len(copies))]
+            everyone = group.all_gather(values)()  # (R, n)
+            for c, copy in enumerate(copies):
+                offset = 0
+                for i, idx, perms in index:
+                    source = perms[:, copy.replica]  # replica r takes scalar j from replica source[j]
+                    for w in range(kinds):
+                        n = idx.numel()
+                        cols = torch.arange(offset, offset + n, device=device)
+                        tensors[c][i][w].view(-1)[idx] = everyone[source, cols]
+                        offset += n
+
+    def _tensors(self, copy) -> list[list[Tensor]]:
+        """Per parameter: [the weight], or [the weight, its momentum buffer] when momenta move (a
+        parameter without one yet, before the first step, moves a zero buffer: SGD's)."""
+        out = []
+        momentum = self.momentum and copy.optimizer.param_groups[0].get("momentum", 0) > 0
+        for p in copy.params:
+            row = [p.data]
+            if momentum:
+                state = copy.optimizer.state[p]
+                if state.get("momentum_buffer") is None:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                row.append(state["momentum_buffer"])
+            out.append(row)
+        return out
+
+    def __repr__(self) -> str:
+        return f"WASH(p={self.p}, momentum={self.momentum}, init={self.init!r}, seed={self.seed})"
