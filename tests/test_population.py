@@ -160,3 +160,46 @@ def test_population_rules_on_ranks_match_the_simulator(tmp_path, rule, options, 
     procs = launch_local(argv_, 2 * positions, timeout=200, capture=True, script=RANKS)
     check_outcome(procs)
     assert_bit_for_bit(torch.load(tmp_path / f"{method}.pt"), simulator_state(argv_, method), method)
+
+
+def test_a_population_run_reports_members_ensemble_average_and_communication(tmp_path):
+    import json
+
+    from conftest import tiny_run
+    from petra_core.cli import main
+    from conftest import argv
+
+    config = tiny_run(synthetic_train=128, synthetic_test=64, batch_size=16, replicas=2, replica_rule="wash",
+                      rule_options="{p: 0.05}", bn_reestimate_batches=2)
+    assert main(["train", *argv(config), "--run-dir", str(tmp_path / "wash")]) == 0
+    metrics = json.loads((tmp_path / "wash" / "metrics.json").read_text())
+    pop = metrics["population"]
+    assert pop["replicas"] == 2 and len(pop["members_top1"]) == 2
+    assert pop["members_top1_mean"] == sum(pop["members_top1"]) / 2
+    assert {"ensemble_top1", "average_top1", "average_top1_bn_reestimated"} <= pop.keys()
+    assert pop["bn_reestimate_batches"] == 2
+    assert metrics["floats_sent_per_step"] > 0
+    # dp: one flat gradient per stage and step, so exactly the model's parameter count per step
+    dp = {**config, "replica_rule": "dp"}
+    dp.pop("rule_options")
+    assert main(["train", *argv(dp), "--run-dir", str(tmp_path / "dp")]) == 0
+    dp_metrics = json.loads((tmp_path / "dp" / "metrics.json").read_text())
+    assert dp_metrics["floats_sent_per_step"] == dp_metrics["params"]
+
+
+def test_a_wash_run_resumes_bit_for_bit_with_its_communication_count(tmp_path, monkeypatch):
+    import json
+
+    from conftest import argv, tiny_run, untimed
+    from petra_core.cli import main
+
+    config = argv(tiny_run(synthetic_train=128, synthetic_test=64, batch_size=16, replicas=2, replica_rule="wash",
+                           rule_options="{p: 0.05}", method="petra"))
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert main(["train", *config, "--run-dir", str(whole)]) == 0
+    monkeypatch.setenv("PETRA_SIGNAL_AT", "0:11:SIGINT")
+    assert main(["train", *config, "--run-dir", str(cut)]) == 130
+    monkeypatch.delenv("PETRA_SIGNAL_AT")
+    assert main(["train", *config, "--run-dir", str(cut)]) == 0
+    a, b = (json.loads((d / "metrics.json").read_text()) for d in (whole, cut))
+    assert untimed(a) == untimed(b)

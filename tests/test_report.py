@@ -395,3 +395,57 @@ def test_replica_rule_curves_draw_one_line_per_rule(rules):
     fig = rule_curves(rules["history"], "fakecdp")
     assert len(fig.axes) == 4  # two models x (training loss, top-1)
     assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == ["DP", "CDP1 (L = 4)", "CDP2 (L = 4)"]
+
+
+# --- populations (the wash profile) ---------------------------------------------------------------
+POP_PROFILE = {
+    "profile": "fakewash", "run_name": "{replica_rule}-seed{seed}",
+    "train": {"dataset": "cifar10", "data_source": "nowhere.tar.gz", "width": 8, "epochs": 2, "batch_size": 32,
+              "method": "backprop", "replicas": 4},
+    "grid": [{"arch": "resnet18", "replica_rule": "independent", "seed": 0},
+             {"arch": "resnet18", "replica_rule": "papa", "seed": [0, 1]},
+             {"arch": "resnet18", "replica_rule": "wash", "rule_options": {"p": 0.01}, "seed": [0, 1]},
+             {"arch": "resnet18", "replica_rule": "wash", "rule_options": {"p": 0.05}, "seed": 0,
+              "run_name": "wash-p0.05-seed{seed}"}],
+}
+POP = {"independent": (70.0, 74.0, 20.0, 10.0), "papa": (71.0, 73.0, 72.0, 70.0), "wash": (71.5, 74.5, 73.5, 73.0)}
+FLOATS = {"independent": 0.0, "papa": 1000.0, "wash": 40.0}
+
+
+def write_pop_run(run_dir, cfg):
+    members, ensemble, average, average_raw = POP[cfg["replica_rule"]]
+    p = (cfg.get("rule_options") or {}).get("p", 0.0)
+    members += cfg["seed"] + 10 * p
+    history = [{"epoch": e, "train_loss": 1.0 / e, "train_acc": 50.0, "test_loss": 1.0, "top1": members, "top5": 99.0,
+                "lr": 0.1, "images_per_s": 1.0, "wall_time_s": 1.0, "eval_time_s": 0.1} for e in (1, 2)]
+    metrics = {"top1": members, "top5": 99.0, "test_loss": 1.0, "train_loss": 0.5, "train_acc": 50.0,
+               "best_top1": members, "top1_last10_mean": members, "epochs": 2, "optimizer_steps": 10,
+               "peak_kept_bytes": [0] * 10, "images_per_s": 1.0, "wall_time_s": 1.0, "params": 1, "stages": 10,
+               "stage_kinds": "S B B B B B B B B H", "top1_bn_reestimated": members,
+               "floats_sent_per_step": FLOATS[cfg["replica_rule"]] * (1 + 100 * p),
+               "population": {"replicas": 4, "members_top1": [members] * 4, "members_top1_mean": members,
+                              "ensemble_top1": ensemble, "average_top1": average_raw,
+                              "average_top1_bn_reestimated": average + cfg["seed"]}}
+    write_records(run_dir, cfg, metrics, history)
+
+
+@pytest.fixture(scope="module")
+def populations(tmp_path_factory):
+    return profile_results(tmp_path_factory, POP_PROFILE, write_pop_run)
+
+
+def test_populations_are_tabled_with_their_communication_against_papas(populations):
+    from petra_core.report.population import population_context, population_figure, population_frame
+    from petra_core.report.tables import render
+
+    frame = population_frame(populations["summary"]).set_index("label")
+    assert list(frame.index) == ["Independent", "PAPA", "WASH (p = 0.01)", "WASH (p = 0.05)"]
+    assert frame.loc["WASH (p = 0.01)", "floats_vs_papa"] == pytest.approx(80.0 / 1000.0)
+    assert frame.loc["PAPA", "pop_average_top1_bn_reestimated"] == pytest.approx(72.5)  # seeds 0, 1
+    assert frame.loc["PAPA", "n"] == 2
+    md = render("populations", "md", population_context(populations, "fakewash"))
+    assert "| ResNet18 | WASH (p = 0.01) | 72.10 ± 0.71 (n = 2) | 74.50 ± 0.00 (n = 2) |" in md, md
+    assert "| 80 | 0.080 |" in md and "| 0 | 0.000 |" in md
+    assert "\\begin{tabular}" in render("populations", "tex", population_context(populations, "fakewash"))
+    fig = population_figure(populations["summary"], "fakewash")
+    assert fig.axes[0].get_xscale() == "log"

@@ -249,6 +249,32 @@ class Pipeline:
         merged = {j: sd for part in parts for j, sd in part.items()}
         return {f"{j}.{k}": v for j in range(len(self.model)) for k, v in merged[j].items()}
 
+    def gather_replica_states(self, dst: int = 0) -> list[dict[str, Tensor]] | None:
+        """Every replica's whole model state_dict, in replica order, on rank ``dst`` (CPU copies
+        across ranks; in one process the live tensors)."""
+        self.complete_steps()
+        if self.world_size == 1:
+            return [rep.model.state_dict() for rep in self.replicas]
+        mine = {rep.index: self.stage_state_dicts(replica=rep.index) for rep in self.replicas}
+        parts = self.gather_object(mine, dst)
+        if parts is None:
+            return None
+        merged: dict[int, dict[int, dict]] = {}
+        for part in parts:
+            for r, stages in part.items():
+                merged.setdefault(r, {}).update(stages)
+        return [{f"{j}.{k}": v for j in range(len(self.model)) for k, v in merged[r][j].items()}
+                for r in sorted(merged)]
+
+    def _groups(self) -> list:
+        """This process's replica groups, each once, in stage order."""
+        return list({id(g): g for g in (self.world.replica_group(j) for j in self.stages)}.values())
+
+    def floats_sent(self) -> int:
+        """Floats this process's replica groups have put into collectives since the run began (a
+        checkpoint carries the count, so a resumed run goes on counting)."""
+        return sum(getattr(g, "floats_sent", 0) for g in self._groups())
+
     def gather_head_log(self, dst: int = 0) -> list[HeadRecord] | None:
         logs = self.gather_object(self.head_log, dst)
         return None if logs is None else sorted((r for log in logs for r in log), key=lambda r: r.mb)
@@ -266,7 +292,8 @@ class Pipeline:
         return {"tick": self.tick, "rank": self.rank, "mesh": [mesh.replicas, mesh.positions],
                 "placement": format_placement(self.world.placement),
                 "replicas": {rep.index: {w.index: w.state_dict() for w in rep.workers} for rep in self.replicas},
-                "rule": self.rule.state_dict(), "world": self.world.state_dict()}
+                "rule": self.rule.state_dict(), "world": self.world.state_dict(),
+                "floats_sent": [getattr(g, "floats_sent", 0) for g in self._groups()]}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` on a fresh pipeline (after loading the stages' weights)."""
@@ -287,6 +314,8 @@ class Pipeline:
         self.rule.load_state_dict(state.get("rule", {}))
         self.rule.to(self.workers[0].device)
         self.world.load_state_dict(state["world"])
+        for group, count in zip(self._groups(), state.get("floats_sent", [])):
+            group.floats_sent = count
 
 
 def _upgrade(state: dict, placement: str) -> dict:

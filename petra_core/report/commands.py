@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..run.runio import GPU_RESULTS, REPLICA_RESULTS
+from ..run.runio import GPU_RESULTS, POPULATION_RESULTS, REPLICA_RESULTS
 
 
 def cmd_results(args) -> int:
@@ -23,7 +23,8 @@ def cmd_tables(args) -> int:
     from .tables import render_all
 
     for path in render_all(args.results, args.costs, args.out, profile=Path(args.results).name,
-                           cyclic_dir=args.cyclic, replicas_dir=args.replicas, gpu_dir=args.gpu):
+                           cyclic_dir=args.cyclic, replicas_dir=args.replicas, gpu_dir=args.gpu,
+                           populations_dir=args.populations):
         print(path)
     return 0
 
@@ -32,7 +33,7 @@ def cmd_figures(args) -> int:
     from .figures import draw_all
 
     for path in draw_all(args.results, args.costs, args.out, profile=Path(args.results).name,
-                           cyclic_dir=args.cyclic, replicas_dir=args.replicas):
+                           cyclic_dir=args.cyclic, replicas_dir=args.replicas, populations_dir=args.populations):
         print(path)
     return 0
 
@@ -57,6 +58,9 @@ def register(sub) -> None:
         p.add_argument("--replicas", default=REPLICA_RESULTS,
                        help="the results directory the replica-rule comparison reads (a profile that varies "
                             "replica_rule; default %(default)s)")
+        p.add_argument("--populations", default=POPULATION_RESULTS,
+                       help="the results directory the population comparison reads (a profile of independent, "
+                            "papa and wash runs; default %(default)s)")
         if name == "tables":
             p.add_argument("--gpu", default=GPU_RESULTS,
                            help="bench_gpu.py's files, rendered in Table 1's GPU section (default %(default)s)")

@@ -25,8 +25,11 @@ from ..run.config import RunConfig
 
 FINAL = ["top1", "top5", "test_loss", "train_loss", "train_acc", "best_top1", "top1_last10_mean",
          "optimizer_steps", "images_per_s", "wall_time_s", "top1_bn_reestimated"]
+# a population's evaluation (metrics.json "population", runs with replicas > 1), as pop_* columns
+POPULATION = ["members_top1_mean", "ensemble_top1", "average_top1", "average_top1_bn_reestimated"]
 SUMMARY_METRICS = ["top1", "top1_last10_mean", "best_top1", "top5", "train_acc", "train_loss", "test_loss",
-                   "images_per_s", "wall_time_s", "kept_total_mb", "kept_max_mb", "top1_bn_reestimated"]
+                   "images_per_s", "wall_time_s", "kept_total_mb", "kept_max_mb", "top1_bn_reestimated",
+                   "floats_sent_per_step", *(f"pop_{m}" for m in POPULATION)]
 ENV = ["git_revision", "torch", "device", "processor", "cpu_count", "torch_threads", "gpus"]
 FRAMES = ("results", "history", "memory", "fidelity")
 RESULT_FILES = (*(f"{name}.csv" for name in FRAMES), "summary.csv", "summary.json")
@@ -53,8 +56,13 @@ def read_run(run_dir: Path, ident: dict) -> dict[str, pd.DataFrame]:
     row = {**ident, **{m: metrics.get(m) for m in FINAL}, "epochs_done": metrics.get("epochs"),
            "params": metrics["params"], "num_stages": len(kinds),
            "kept_total_mb": sum(kept) / 1e6 if kept else float("nan"),
-           "kept_max_mb": max(kept) / 1e6 if kept else float("nan")}
-    row.update({f"cfg_{key}": (json.dumps(value) if isinstance(value, list) else value) for key, value in cfg.items()
+           "kept_max_mb": max(kept) / 1e6 if kept else float("nan"),
+           "floats_sent_per_step": metrics.get("floats_sent_per_step", float("nan"))}
+    population = metrics.get("population") or {}
+    row.update({f"pop_{m}": population.get(m, float("nan")) for m in POPULATION})
+    row["pop_members_top1"] = json.dumps(population["members_top1"]) if "members_top1" in population else None
+    row.update({f"cfg_{key}": (json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value)
+                for key, value in cfg.items()
                 if key not in ident})
     row.update({f"env_{key}": (json.dumps(env[key]) if isinstance(env.get(key), list) else env.get(key))
                 for key in ENV if key in env})
@@ -76,7 +84,8 @@ def identity(run: grid.GridRun, extra: list[str], root: Path) -> dict:
     """The columns every row of a run starts with."""
     cfg = run.config.to_dict()
     return {"profile": run.profile, **{key: cfg[key] for key in grid.IDENTITY if key != "profile"},
-            **{key: json.dumps(cfg[key]) if isinstance(cfg[key], list) else cfg[key] for key in extra},
+            **{key: json.dumps(cfg[key], sort_keys=True) if isinstance(cfg[key], (list, dict)) else cfg[key]
+               for key in extra},
             "run": run.name, "run_dir": run.directory.as_posix()}
 
 

@@ -14,6 +14,8 @@ epoch's minibatches r, r + R, ... (B // R of them; the last B mod R are left out
 """
 from __future__ import annotations
 
+import copy
+
 import os
 from pathlib import Path
 
@@ -186,6 +188,29 @@ class Session:
                 stage.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
                 stage.to(next(self.model[0].parameters()).device)
         return self.model
+
+    def population_for_eval(self) -> list | None:
+        """Rank 0: one whole model per replica, in replica order (collective); None elsewhere. In
+        one process the live models; across ranks copies of rank 0's model with each replica's
+        gathered state."""
+        states = self.pipe.gather_replica_states()
+        if not self.is_main:
+            return None
+        if self.world.world_size == 1:
+            return [rep.model for rep in self.pipe.replicas]
+        device = next(self.model[0].parameters()).device
+        models = []
+        for state in states:
+            m = copy.deepcopy(self.model)
+            m.load_state_dict(state)
+            models.append(m.to(device))
+        return models
+
+    def floats_sent_per_replica(self) -> int:
+        """Floats one replica (replica 0) has put into collectives since the run began (collective)."""
+        mine = (0 in self.world.replicas, self.pipe.floats_sent())
+        parts = self.world.all_objects(mine)
+        return sum(f for holds_0, f in parts if holds_0)
 
     def environment(self) -> dict:
         env = {"runtime": self.cfg.runtime, "world_size": self.world.world_size, "mesh": str(self.world.mesh),

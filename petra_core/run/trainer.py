@@ -30,6 +30,7 @@ from .config import ConfigError, RunConfig, check_same_run
 from ..data import DataError
 from ..precision import set_numerics
 from .evaluation import evaluate, reestimate_batch_norm
+from .population import evaluate_population
 from .session import Session
 
 LOG_EVERY = 25  # ticks between reads of the head's loss log (each read waits for the device)
@@ -239,6 +240,8 @@ class Trainer:
         steps = pipe.workers[0].steps  # stage 0's (rank 0)
         peaks = pipe.gather_object([sum(w.peak_kept.values()) for w in pipe.workers] if 0 in pipe.world.replicas else [])
         model = rt.model_for_eval() if cfg.bn_reestimate_batches else None
+        floats = rt.floats_sent_per_replica()
+        population = rt.population_for_eval() if cfg.replicas > 1 else None
 
         def write():
             metrics = final_metrics(self.history, steps, [p for part in peaks for p in part])
@@ -251,6 +254,12 @@ class Trainer:
                                test_loss_bn_reestimated=test["test_loss"],
                                bn_reestimate_batches=min(cfg.bn_reestimate_batches, rt.data.train.num_batches),
                                bn_reestimate_time_s=time.perf_counter() - start)
+            metrics["floats_sent_per_step"] = floats / steps if steps else None  # per replica, counted by the world
+            if population is not None:
+                start = time.perf_counter()
+                metrics["population"] = evaluate_population(population, rt.data.test, rt.data.train,
+                                                            cfg.bn_reestimate_batches)
+                metrics["population_eval_time_s"] = time.perf_counter() - start
             runio.write_json(self.run_dir / runio.METRICS, metrics)
             return metrics
 

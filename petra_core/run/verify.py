@@ -17,7 +17,7 @@ from pathlib import Path
 from . import runio
 from .config import RunConfig
 
-TIMING = {"images_per_s", "wall_time_s", "eval_time_s", "bn_reestimate_time_s"}  # differ run to run
+TIMING = {"images_per_s", "wall_time_s", "eval_time_s", "bn_reestimate_time_s", "population_eval_time_s"}  # differ run to run
 # what decides a run's bits, as env.json names it; "gpus", "cuda", "cudnn" only on CUDA
 DECISIVE = ("git_revision", "torch", "cpu_capability", "cpu_model", "torch_threads", "device", "gpus", "cuda", "cudnn")
 

@@ -4,7 +4,8 @@ A profile (``workflow/config/profiles/NAME.yaml``) holds ``train`` (``petra trai
 by every run) and ``grid`` (a list of blocks; each block is the cartesian product of its lists
 over arch, method, k, seed and any other run key). ``run_name`` (optional) names a run's
 directory from its config, ``{method}-k{k}-seed{seed}`` by default; a profile whose grid varies
-another key puts it in the name (e.g. ``-e{epochs}``), and two runs may never share a name.
+another key puts it in the name (e.g. ``-e{epochs}``, or ``{rule_options[p]}``), a grid block may
+carry its own ``run_name``, and two runs may never share a name.
 
 :func:`runs` expands and validates a profile once and gives, per run, its name, directory
 (``runs/PROFILE/DATASET/ARCH-wWIDTH/NAME``), id and resolved config. The CLI, the report,
@@ -81,10 +82,10 @@ def load_profile(path: str | Path) -> dict:
 
 def runs(profile: dict) -> list[GridRun]:
     """Every run of the profile's grid, each validated as a full config before anything starts."""
-    pattern = profile.get("run_name", RUN_NAME)
     found: dict[Path, GridRun] = {}
     for block in profile["grid"]:
-        keys = sorted(block)
+        pattern = block.get("run_name", profile.get("run_name", RUN_NAME))  # a block may name its runs its own way
+        keys = sorted(k for k in block if k != "run_name")
         for combo in itertools.product(*(block[k] if isinstance(block[k], list) else [block[k]] for k in keys)):
             point = dict(zip(keys, combo))
             config = RunConfig.from_dict({**profile["train"], **point})  # fail early on a bad grid point

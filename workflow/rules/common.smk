@@ -12,7 +12,8 @@ from petra_core.run.config import WATCH_KEYS
 from petra_core.reference import REFERENCE_FILE
 from petra_core.report.results import RESULT_FILES
 from petra_core.run import runio
-from petra_core.run.runio import COST_FILES, CYCLIC_FILES, GPU_RESULTS, REPLICA_FILES, REPLICA_RESULTS
+from petra_core.run.runio import (COST_FILES, CYCLIC_FILES, GPU_RESULTS, POPULATION_RESULTS, REPLICA_FILES,
+                                  REPLICA_RESULTS)
 
 # `petra` of the interpreter that runs Snakemake, also when its virtual environment is not active.
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
@@ -34,6 +35,10 @@ CYCLIC = "results/cyclic"
 # the replica-rule table and curves compare the cdp profile's runs whatever PROFILE is: its results
 # are committed (and made by rule results when PROFILE is cdp)
 REPLICAS = [f"{REPLICA_RESULTS}/{name}" for name in REPLICA_FILES]
+# the population table and figure compare the wash profile's runs: its results once gathered
+# (committed), or made by rule results when PROFILE is wash; until then they say so
+POPULATIONS = [f"{POPULATION_RESULTS}/{name}" for name in REPLICA_FILES]
+POPULATIONS = POPULATIONS if RESULTS == POPULATION_RESULTS or all(Path(f).exists() for f in POPULATIONS) else []
 # GPU measurements (benchmarks/bench_gpu.py), committed when a GPU was lent: Table 1 renders them
 GPU_FILES = sorted(str(path) for path in Path(GPU_RESULTS).glob("*.json"))
 # Outputs of a run: small records committed to git (checkpoint.pt is DVC's). config.yaml and

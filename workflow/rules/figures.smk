@@ -1,7 +1,8 @@
 rule figures:
     """Figures of the selected profile (PNG and PDF): fig4_accumulation, training_curves,
     memory_per_stage, gradient_fidelity, budget_gap; and replica_rules (the cdp profile's runs,
-    results/cdp) and cyclic (results/cyclic)."""
+    results/cdp), populations (the wash profile's, results/wash) and
+    cyclic (results/cyclic)."""
     input:
         summary=f"{RESULTS}/summary.csv",
         history=f"{RESULTS}/history.csv",
@@ -10,6 +11,7 @@ rule figures:
         costs=rules.costs.output,
         cyclic=rules.cyclic.output,
         replicas=REPLICAS,
+        populations=POPULATIONS,
         code=REPORT_CODE,
     output:
         report(
@@ -28,5 +30,6 @@ rule figures:
         costs=lambda wildcards, input: os.path.dirname(input.costs[0]),
         cyclic=lambda wildcards, input: os.path.dirname(input.cyclic[0]),
         replicas=lambda wildcards, input: os.path.dirname(input.replicas[0]),
+        populations=POPULATION_RESULTS,
     shell:
-        "petra figures --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --replicas {params.replicas:q} --out {output:q} > {log:q} 2>&1"
+        "petra figures --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --replicas {params.replicas:q} --populations {params.populations:q} --out {output:q} > {log:q} 2>&1"

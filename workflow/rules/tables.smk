@@ -1,7 +1,8 @@
 rule tables:
     """Tables 1-3 (Markdown and LaTeX booktabs) of the selected profile, ours beside the paper's:
     paper_tables/table1_costs, table2_accuracy, table3_memory, budget_gap (.md, .tex); and
-    replica_rules (the cdp profile's runs, results/cdp), cyclic (results/cyclic) and Table 1's
+    replica_rules (the cdp profile's runs, results/cdp), populations (the wash profile's, results/wash), cyclic
+    (results/cyclic) and Table 1's
     GPU section (results/gpu/*.json, benchmarks/bench_gpu.py)."""
     input:
         summary=f"{RESULTS}/summary.csv",
@@ -9,6 +10,7 @@ rule tables:
         costs=rules.costs.output,
         cyclic=rules.cyclic.output,
         replicas=REPLICAS,
+        populations=POPULATIONS,
         gpu=GPU_FILES,
         reference=REFERENCE,
         templates=TEMPLATES,
@@ -30,6 +32,7 @@ rule tables:
         costs=lambda wildcards, input: os.path.dirname(input.costs[0]),
         cyclic=lambda wildcards, input: os.path.dirname(input.cyclic[0]),
         replicas=lambda wildcards, input: os.path.dirname(input.replicas[0]),
+        populations=POPULATION_RESULTS,
         gpu=GPU_RESULTS,
     shell:
-        "petra tables --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --replicas {params.replicas:q} --gpu {params.gpu:q} --out {output:q} > {log:q} 2>&1"
+        "petra tables --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --replicas {params.replicas:q} --populations {params.populations:q} --gpu {params.gpu:q} --out {output:q} > {log:q} 2>&1"

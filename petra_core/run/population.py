@@ -1,0 +1,74 @@
+"""Evaluating a population of replicas (a run with ``replicas`` > 1), at the end of training.
+
+What is reported (``metrics.json``, key ``population``):
+
+* every model's top-1 (``members_top1``) and their mean;
+* the ensemble's top-1: the mean of the models' softmax outputs;
+* the weight average's top-1: the uniform mean of every parameter and batch-norm statistic,
+  evaluated as it is (the averaged running statistics are *not* the statistics of the averaged
+  model) and with its batch-norm statistics re-estimated on the run's ``bn_reestimate_batches``
+  fixed training batches (:func:`~petra_core.run.evaluation.reestimate_batch_norm`);
+The floats each replica put into collectives per optimizer step, counted by the replica groups
+of the world (gradient all-reduces for ``dp``/``cdp``, PAPA's averages, WASH's gathers), are
+``metrics.json``'s ``floats_sent_per_step`` for every run.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+from .evaluation import evaluate, reestimate_batch_norm
+
+
+def average_model(models):
+    """A copy of ``models[0]`` holding the uniform mean of the models' floating-point state
+    (parameters and batch-norm statistics; integer buffers are replica 0's)."""
+    average = copy.deepcopy(models[0])
+    states = [m.state_dict() for m in models]
+    merged = {}
+    for key, value in states[0].items():
+        if value.is_floating_point():
+            total = value.detach().clone()
+            for s in states[1:]:
+                total += s[key].to(total.device)
+            merged[key] = total / len(states)
+        else:
+            merged[key] = value
+    average.load_state_dict(merged)
+    return average
+
+
+@torch.no_grad()
+def members_and_ensemble(models, stream) -> tuple[list[float], float]:
+    """Each model's top-1 (%) and the top-1 of their mean softmax, in one pass over ``stream``."""
+    for m in models:
+        m.eval()
+    correct, ensemble, n = [0.0] * len(models), 0.0, 0
+    for images, labels in stream.iter_epoch(0):
+        probs = None
+        for i, m in enumerate(models):
+            logits = m(images.to(next(m.parameters()).device)).float()
+            labels_here = labels.to(logits.device)
+            correct[i] += float((logits.argmax(1) == labels_here).sum())
+            p = F.softmax(logits, dim=1)
+            probs = p if probs is None else probs + p.to(probs.device)
+        ensemble += float((probs.argmax(1) == labels.to(probs.device)).sum())
+        n += len(labels)
+    for m in models:
+        m.train()
+    return [100 * c / n for c in correct], 100 * ensemble / n
+
+
+def evaluate_population(models, test_stream, train_stream, bn_batches: int) -> dict:
+    """The ``population`` record of ``models`` (see the module docstring), floats not included."""
+    members, ensemble = members_and_ensemble(models, test_stream)
+    average = average_model(models)
+    out = {"replicas": len(models), "members_top1": members, "members_top1_mean": sum(members) / len(members),
+           "ensemble_top1": ensemble, "average_top1": evaluate(average, test_stream)["top1"]}
+    if bn_batches:
+        out["average_top1_bn_reestimated"] = evaluate(reestimate_batch_norm(average, train_stream, bn_batches),
+                                                      test_stream)["top1"]
+        out["bn_reestimate_batches"] = min(bn_batches, train_stream.num_batches)
+    return out
