@@ -449,3 +449,14 @@ def test_populations_are_tabled_with_their_communication_against_papas(populatio
     assert "\\begin{tabular}" in render("populations", "tex", population_context(populations, "fakewash"))
     fig = population_figure(populations["summary"], "fakewash")
     assert fig.axes[0].get_xscale() == "log"
+
+
+def test_the_readmes_results_are_what_the_committed_records_give():
+    """README.md's "Results at a glance" is rendered by `petra readme`, never typed by hand."""
+    from petra_core.report.readme import is_current, render_block
+
+    root = Path(__file__).resolve().parents[1]
+    assert is_current(root / "README.md", root / "results"), (
+        "README.md's results block is stale: run `petra readme`\n" + render_block(root / "results"))
+    block = render_block(root / "results")
+    assert "PETRA (k = 1) minus" in block and "Table 3" in block

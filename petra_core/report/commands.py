@@ -38,6 +38,12 @@ def cmd_figures(args) -> int:
     return 0
 
 
+def cmd_readme(args) -> int:
+    from .readme import cmd_readme as run
+
+    return run(args)
+
+
 def register(sub) -> None:
     p = sub.add_parser("results", help="gather a profile's runs into tidy tables (results/PROFILE/*.csv)",
                        description="Read every run of the profile's grid and write results.csv (one row per run), "
@@ -66,3 +72,11 @@ def register(sub) -> None:
                            help="bench_gpu.py's files, rendered in Table 1's GPU section (default %(default)s)")
         p.add_argument("--out", required=True, help="output directory")
         p.set_defaults(func=func)
+
+    p = sub.add_parser("readme", help="render README.md's results block from the committed result files",
+                       description="Replace the block between README.md's results markers by a render of "
+                                   "results/{budget,cpu,costs,cdp,wash}; --check: exit 1 if the committed block differs.")
+    p.add_argument("--readme", default="README.md")
+    p.add_argument("--results", default="results", help="the results root (default %(default)s)")
+    p.add_argument("--check", action="store_true", help="only check; change nothing")
+    p.set_defaults(func=cmd_readme)
