@@ -87,8 +87,8 @@ def format_report(report: dict) -> str:
         for d in report["differences"]:
             extra = f" ({d['difference']:+.6g})" if "difference" in d else ""
             lines.append(f"  epoch {d['epoch']} {d['key']}: record {d['record']!r}, here {d['here']!r}{extra}")
-    verdict = "expected" if report["expected"] else "not to be expected"
-    lines.append(f"bit identity was {verdict}:")
+    lines.append("bit identity was expected: everything that decides the bits is the same" if report["expected"]
+                 else "bit identity was not guaranteed: what decides the bits differs or is not recorded")
     for r in report["expectations"]:
         mark = {True: "same", False: "differs", None: "unknown (not in the record)"}[r["same"]]
         if r["key"] == "git_revision" and str(r["record"]).endswith("-dirty"):
