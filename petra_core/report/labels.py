@@ -91,6 +91,9 @@ def describe_runs(results: pd.DataFrame) -> str:
         r = g.iloc[0]
         subset = f", {int(r.cfg_subset)}-example training subset" if not missing(r.get("cfg_subset")) else ""
         batches = "/".join(str(b) for b in sorted(g.cfg_batch_size.unique()))
+        replicas = sorted(int(x) for x in g.cfg_replicas.dropna().unique()) if "cfg_replicas" in g else []
+        if replicas and replicas != [1]:
+            batches = f"{batches} per replica, {'/'.join(map(str, replicas))} replicas"
         parts.append(f"{DATASET_LABELS.get(dataset, dataset)}{subset}, width {'/'.join(map(str, sorted(g.width.unique())))}, "
                      f"{'/'.join(map(str, sorted(g.epochs_done.unique())))} epochs, batch {batches}")
     env = results.iloc[0]
