@@ -33,8 +33,9 @@ REQUIRE_CLEAN_REVISION = str(config["require_clean_revision"]).lower() == "true"
 COSTS = "results/costs"
 CYCLIC = "results/cyclic"
 # the replica-rule table and curves compare the cdp profile's runs whatever PROFILE is: its results
-# are committed (and made by rule results when PROFILE is cdp)
+# are committed (and made by rule results when PROFILE is cdp); without them they say so
 REPLICAS = [f"{REPLICA_RESULTS}/{name}" for name in REPLICA_FILES]
+REPLICAS = REPLICAS if RESULTS == REPLICA_RESULTS or all(Path(f).exists() for f in REPLICAS) else []
 # the population table and figure compare the wash profile's runs: its results once gathered
 # (committed), or made by rule results when PROFILE is wash; until then they say so
 POPULATIONS = [f"{POPULATION_RESULTS}/{name}" for name in REPLICA_FILES]

@@ -29,7 +29,7 @@ rule figures:
         results=lambda wildcards, input: os.path.dirname(input.summary),
         costs=lambda wildcards, input: os.path.dirname(input.costs[0]),
         cyclic=lambda wildcards, input: os.path.dirname(input.cyclic[0]),
-        replicas=lambda wildcards, input: os.path.dirname(input.replicas[0]),
+        replicas=REPLICA_RESULTS,
         populations=POPULATION_RESULTS,
     shell:
         "petra figures --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --replicas {params.replicas:q} --populations {params.populations:q} --out {output:q} > {log:q} 2>&1"

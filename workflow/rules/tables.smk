@@ -31,7 +31,7 @@ rule tables:
         results=lambda wildcards, input: os.path.dirname(input.summary),
         costs=lambda wildcards, input: os.path.dirname(input.costs[0]),
         cyclic=lambda wildcards, input: os.path.dirname(input.cyclic[0]),
-        replicas=lambda wildcards, input: os.path.dirname(input.replicas[0]),
+        replicas=REPLICA_RESULTS,
         populations=POPULATION_RESULTS,
         gpu=GPU_RESULTS,
     shell:
