@@ -51,6 +51,21 @@ def test_a_wash_shuffle_is_a_permutation_of_every_scalar_across_the_models():
     assert group.floats_sent > 0
 
 
+def test_a_shuffle_moves_the_same_scalar_in_channels_last_weights_and_their_momenta():
+    """Selected positions are logical coordinates: a channels-last weight (whose flat memory order
+    is not its logical order) and a contiguous momentum buffer move the same scalars together."""
+    copies = fake_copies(replicas=3, shapes=((4, 3, 2, 2),))
+    for c in copies:
+        p = c.params[0]
+        p.data = p.data.to(memory_format=torch.channels_last)
+        c.optimizer.state[p]["momentum_buffer"] = p.detach().clone(memory_format=torch.contiguous_format) * 2
+    WASH(p=0.7).after_step(copies, LocalReplicaGroup(3))
+    for c in copies:
+        p = c.params[0]
+        assert p.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(c.optimizer.state[p]["momentum_buffer"], p.detach() * 2)  # still paired
+
+
 def test_the_selected_fraction_of_each_tensor_is_its_layer_aware_probability():
     """p_k = p·(1 − k/(K−1)); over 10,000 draws the fraction selected is within 3 standard errors."""
     rule = WASH(p=0.2)
@@ -170,7 +185,7 @@ def test_a_population_run_reports_members_ensemble_average_and_communication(tmp
     from conftest import argv
 
     config = tiny_run(synthetic_train=128, synthetic_test=64, batch_size=16, replicas=2, replica_rule="wash",
-                      rule_options="{p: 0.05}", bn_reestimate_batches=2)
+                      rule_options="{p: 0.05}", bn_reestimate_batches=2, channels_last=True)  # as the wash profile
     assert main(["train", *argv(config), "--run-dir", str(tmp_path / "wash")]) == 0
     metrics = json.loads((tmp_path / "wash" / "metrics.json").read_text())
     pop = metrics["population"]

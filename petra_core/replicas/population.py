@@ -154,19 +154,22 @@ class WASH(Population):
         with torch.no_grad():
             tensors = [self._tensors(c) for c in copies]  # per copy, per parameter: weight (and momentum)
             kinds = len(tensors[0][0])
-            index = [(i, chosen.to(device), perms.to(device)) for i, chosen, perms in selected]
+            # positions in logical (row-major) order, as coordinates: the same scalar in every replica
+            # and in its momentum, whatever their memory formats (channels-last weights)
+            index = [(i, torch.unravel_index(chosen.to(device), copies[0].params[i].shape), perms.to(device))
+                     for i, chosen, perms in selected]
             # one gather per stage and step: every selected scalar (and its momentum), in a fixed order
-            values = [torch.cat([tensors[c][i][w].view(-1)[idx] for i, idx, _ in index for w in range(kinds)])
+            values = [torch.cat([tensors[c][i][w][at] for i, at, _ in index for w in range(kinds)])
                       for c in range(len(copies))]
             everyone = group.all_gather(values)()  # (R, n)
             for c, copy in enumerate(copies):
                 offset = 0
-                for i, idx, perms in index:
+                for i, at, perms in index:
                     source = perms[:, copy.replica]  # replica r takes scalar j from replica source[j]
+                    n = source.numel()
                     for w in range(kinds):
-                        n = idx.numel()
                         cols = torch.arange(offset, offset + n, device=device)
-                        tensors[c][i][w].view(-1)[idx] = everyone[source, cols]
+                        tensors[c][i][w][at] = everyone[source, cols]
                         offset += n
 
     def _tensors(self, copy) -> list[list[Tensor]]:
