@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from petra_core import METHODS, build_model
+from petra_core.run.verify import TIMING  # noqa: F401 (wall-clock keys, differ run to run: test files import it)
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +39,6 @@ def make_model(arch="revnet18", dtype=torch.float32, seed=0, method=None, aux_he
 
 # ---- tiny `petra train` runs -------------------------------------------------------------------------
 TINY_RUN = dict(arch="revnet18", width=4, dataset="synthetic", epochs=2, threads=1, progress=False)
-TIMING = {"images_per_s", "wall_time_s", "eval_time_s", "bn_reestimate_time_s", "population_eval_time_s"}  # wall-clock: differ run to run
 
 
 def tiny_run(**overrides):
@@ -57,3 +57,17 @@ def untimed(records):
     if isinstance(records, dict):
         return {k: v for k, v in records.items() if k not in TIMING}
     return [untimed(r) for r in records]
+
+
+def whole_and_resumed(config, tmp_path, monkeypatch, signal_at="0:11:SIGINT"):
+    """``petra train`` of ``config`` (arguments) once whole and once stopped by ``signal_at``
+    (PETRA_SIGNAL_AT) and resumed; the two run directories."""
+    from petra_core.cli import main
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert main(["train", *config, "--run-dir", str(whole)]) == 0
+    monkeypatch.setenv("PETRA_SIGNAL_AT", signal_at)
+    assert main(["train", *config, "--run-dir", str(cut)]) == 130
+    monkeypatch.delenv("PETRA_SIGNAL_AT")
+    assert main(["train", *config, "--run-dir", str(cut)]) == 0
+    return whole, cut

@@ -15,11 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import argv, make_batches, make_model, tiny_run, untimed
+from conftest import argv, make_batches, make_model, tiny_run, untimed, whole_and_resumed
 from harness.compare import assert_bit_for_bit, check_outcome, simulator_state
 from harness.ranks import RANKS
 from petra_core import Recipe, Simulator
-from petra_core.cli import main
 from petra_core.engine.launch import launch_local
 from petra_core.engine.observers import BeforeStep
 from petra_core.optim import make_optimizer
@@ -142,12 +141,7 @@ def test_cdp2_on_ranks_matches_the_simulator(tmp_path, positions, method, stages
 def test_a_cdp2_run_resumes_bit_for_bit(tmp_path, monkeypatch):
     config = argv(tiny_run(synthetic_train=128, synthetic_test=64, batch_size=16, k=1, method="petra", replicas=2,
                            replica_rule="cdp2"))
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    assert main(["train", *config, "--run-dir", str(whole)]) == 0
-    monkeypatch.setenv("PETRA_SIGNAL_AT", "0:11:SIGINT")
-    assert main(["train", *config, "--run-dir", str(cut)]) == 130
-    monkeypatch.delenv("PETRA_SIGNAL_AT")
-    assert main(["train", *config, "--run-dir", str(cut)]) == 0
+    whole, cut = whole_and_resumed(config, tmp_path, monkeypatch)
     for name in ("history.json", "metrics.json"):
         assert untimed(json.loads((cut / name).read_text())) == untimed(json.loads((whole / name).read_text()))
     a = torch.load(whole / "checkpoint.pt", weights_only=False)

@@ -205,16 +205,10 @@ def test_a_population_run_reports_members_ensemble_average_and_communication(tmp
 def test_a_wash_run_resumes_bit_for_bit_with_its_communication_count(tmp_path, monkeypatch):
     import json
 
-    from conftest import argv, tiny_run, untimed
-    from petra_core.cli import main
+    from conftest import argv, tiny_run, untimed, whole_and_resumed
 
     config = argv(tiny_run(synthetic_train=128, synthetic_test=64, batch_size=16, replicas=2, replica_rule="wash",
                            rule_options="{p: 0.05}", method="petra"))
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    assert main(["train", *config, "--run-dir", str(whole)]) == 0
-    monkeypatch.setenv("PETRA_SIGNAL_AT", "0:11:SIGINT")
-    assert main(["train", *config, "--run-dir", str(cut)]) == 130
-    monkeypatch.delenv("PETRA_SIGNAL_AT")
-    assert main(["train", *config, "--run-dir", str(cut)]) == 0
+    whole, cut = whole_and_resumed(config, tmp_path, monkeypatch)
     a, b = (json.loads((d / "metrics.json").read_text()) for d in (whole, cut))
     assert untimed(a) == untimed(b)

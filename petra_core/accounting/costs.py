@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from ..run import runio
-from ..run.runio import COST_FILES
+from ..run.runio import COST_FILES, cpu_model
 
 DEFAULTS = {
     "table1": {"arch": "revnet18", "stem": "imagenet", "image_size": 224, "width": 64, "batch": 2,
@@ -28,17 +28,6 @@ DEFAULTS = {
                  "every": 8, "lr": 0.005, "methods": ["delayed", "dsp", "petra"]},
     "threads": 1,
 }
-
-
-def cpu_model() -> str:
-    """The CPU's model name where the OS says it (Linux), else what platform knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def fidelity_sample(arch: str, width: int, image_size: int, batch: int, k: int, num_batches: int, every: int,
