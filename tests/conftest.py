@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from petra_core import METHODS, build_model
-from petra_core.run.verify import TIMING  # noqa: F401 (wall-clock keys, differ run to run: test files import it)
+from petra_core.run.verify import TIMING  # the wall-clock keys of a record (differ run to run)
 
 
 @pytest.fixture(autouse=True)
