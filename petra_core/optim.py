@@ -1,7 +1,8 @@
 """Per-stage optimizer and learning-rate schedule (the paper's recipe, from torch.optim).
 
-* SGD with Nesterov momentum; no weight decay on batch-norm parameters or any bias
-  (every parameter with fewer than two dimensions).
+* SGD with Nesterov momentum (or AdamW, ACCO's optimizer: ``optimizer="adamw"``, betas 0.9 and
+  0.999, decoupled weight decay); no weight decay on batch-norm parameters or any bias (every
+  parameter with fewer than two dimensions).
 * Goyal et al. linear scaling: lr = base_lr · batch · k / 256.
 * Linear warm-up advanced at every optimizer step (one step = k minibatches), then ×gamma at
   milestone epochs: ``LinearLR`` chained with ``MultiStepLR``.
@@ -16,6 +17,9 @@ from torch import nn
 from torch.optim.lr_scheduler import ChainedScheduler, LinearLR, LRScheduler, MultiStepLR
 
 
+OPTIMIZERS = ("sgd", "adamw")
+
+
 @dataclass(frozen=True)
 class Recipe:
     """Optimisation hyper-parameters shared by every stage."""
@@ -28,6 +32,11 @@ class Recipe:
     milestones: tuple[float, ...] = ()
     gamma: float = 0.1
     scale_lr: bool = True  # Goyal scaling by batch · k / 256
+    optimizer: str = "sgd"  # one of OPTIMIZERS
+
+    def __post_init__(self):
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer={self.optimizer!r} is not allowed; allowed: {', '.join(OPTIMIZERS)}")
 
     def lr(self, batch_size: int, k: int) -> float:
         return self.base_lr * batch_size * k / 256 if self.scale_lr else self.base_lr
@@ -45,12 +54,15 @@ def param_groups(params: Iterable[tuple[str, nn.Parameter]], weight_decay: float
 def make_optimizer(
     module: nn.Module, recipe: Recipe, *, batch_size: int, k: int, steps_per_epoch: float
 ) -> tuple[torch.optim.Optimizer, LRScheduler]:
-    """SGD + schedule for one stage. ``steps_per_epoch`` counts optimizer steps (minibatches / k)."""
+    """The optimizer (SGD or AdamW) + schedule for one stage. ``steps_per_epoch`` counts optimizer steps (minibatches / k)."""
     lr = recipe.lr(batch_size, k)
     groups = param_groups(module.named_parameters(), recipe.weight_decay)
     if not groups:  # a stage without parameters (never happens for our models, but stay total)
         groups = [{"params": [nn.Parameter(torch.zeros(0))], "weight_decay": 0.0}]
-    opt = torch.optim.SGD(groups, lr=lr, momentum=recipe.momentum, nesterov=recipe.nesterov and recipe.momentum > 0)
+    if recipe.optimizer == "adamw":
+        opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999))
+    else:
+        opt = torch.optim.SGD(groups, lr=lr, momentum=recipe.momentum, nesterov=recipe.nesterov and recipe.momentum > 0)
     schedulers: list[LRScheduler] = []
     warmup = round(recipe.warmup_epochs * steps_per_epoch)
     if warmup > 1:  # lr(s) = peak · (s + 1) / warmup for s < warmup

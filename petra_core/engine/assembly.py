@@ -91,6 +91,7 @@ def assemble(model: StagedModel, method: str | Method, world, *, num_batches: in
     if getattr(rule, "stages", None) is not None:
         rule.groups(J)  # a bad number of groups: one line now, not at the first step
     schedule = schedule_for(method, J, num_batches)
+    rule.check(schedule=method.schedule, k=k)
     if world.world_size > 1:
         from .distributed.world import model_fingerprint
 

@@ -147,6 +147,8 @@ class Pipeline:
                     action = self.schedule.action(local, stage)
                     if action.busy and (rep.index, stage) in self.waiting:
                         self._take_step(worker)  # its step waited for the replicas' exchange: now it is needed
+                    if action.forward is not None:  # a rule may swap in another version of the weights
+                        self.rule.before_forward(worker, self.world.replica_group(stage))
                     run_stage_tick(worker, action, self.world, self.fetch, self.observers)
             stage = None
             self._contribute(lambda w: w.step_due)
@@ -200,6 +202,8 @@ class Pipeline:
         for key in sorted(self.waiting):
             if key in self.waiting:
                 self._take_step(self.waiting[key])
+        for worker in (w for rep in self.replicas for w in rep.workers):
+            self.rule.settle(worker, self.world.replica_group(worker.index))
 
     def run(self, ticks: int | None = None) -> "Pipeline":
         end = self.num_ticks if ticks is None else min(self.tick + ticks, self.num_ticks)
@@ -208,6 +212,7 @@ class Pipeline:
         return self
 
     def close(self) -> None:
+        self.rule.close()
         self.world.close()
 
     # ---- what it saw ------------------------------------------------------------------------------
@@ -271,8 +276,7 @@ class Pipeline:
         return list({id(g): g for g in (self.world.replica_group(j) for j in self.stages)}.values())
 
     def floats_sent(self) -> int:
-        """Floats this process's replica groups have put into collectives since the run began (a
-        checkpoint carries the count, so a resumed run goes on counting)."""
+        """Floats this process's replica groups have put into collectives in the run (checkpointed)."""
         return sum(getattr(g, "floats_sent", 0) for g in self._groups())
 
     def gather_head_log(self, dst: int = 0) -> list[HeadRecord] | None:

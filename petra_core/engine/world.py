@@ -6,9 +6,8 @@ p of every replica holds the same stages (``placement[p]``), and a process holds
 cells. Point to point, a message stays within its replica (a message sent at tick t is received
 at t + 1; the in-flight ones are in ``state_dict``). Across replicas, the copies of one stage
 meet in a :class:`~petra_core.replicas.ReplicaGroup`. Over the whole world: gathers, ``share``,
-``together``, ``agree`` at a tick boundary, and what a failure becomes. :class:`LocalWorld`
-holds every cell in one process (the simulator); ``DistributedWorld`` is one cell per rank over
-torch.distributed.
+``together``, ``agree`` at a tick boundary, and what a failure becomes. :class:`LocalWorld` holds
+every cell in one process (the simulator); ``DistributedWorld``, one cell per rank (torch.distributed).
 """
 from __future__ import annotations
 
@@ -102,20 +101,27 @@ class LocalReplicaGroup:
         if len(tensors) != self.size:
             raise RuntimeError(f"a local replica group of {self.size} got {len(tensors)} tensors")
 
-    def all_reduce_mean(self, tensors: list[Tensor]) -> Callable[[], None]:
+    def _mean(self, tensors: list[Tensor]) -> Tensor:
         self._check(tensors)
         self.floats_sent += tensors[0].numel()
         total = tensors[0].clone()
         for t in tensors[1:]:
             total += t
-        total /= self.size
+        return total.div_(self.size)
+
+    def all_reduce_mean(self, tensors: list[Tensor]) -> Callable[[], None]:
+        total = self._mean(tensors)
         for t in tensors:
             t.copy_(total)
         return lambda: None
 
+    def reduce_scatter_mean(self, tensors: list[Tensor]) -> Callable[[], list[Tensor]]:
+        """The mean of flat R·S floats (as :meth:`all_reduce_mean`); copy r gets slice r of it."""
+        shards = list(self._mean(tensors).view(self.size, -1))
+        return lambda: shards
+
     def all_gather(self, tensors: list[Tensor]) -> Callable[[], Tensor]:
-        """Start gathering every copy's tensor (all of one shape); the wait returns them stacked,
-        (R, *shape), in replica order."""
+        """Every copy's tensor (all of one shape), stacked in replica order: (R, *shape)."""
         self._check(tensors)
         self.floats_sent += tensors[0].numel()
         stacked = torch.stack(tensors)

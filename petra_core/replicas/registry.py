@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import inspect
 
+from .acco import ACCO, DPU, ShardedRule, WeightPrediction
 from .cdp import CDP1, CDP2
 from .population import PAPA, WASH, Independent
 from .rule import DataParallel, ReplicaRule
 
 REPLICA_RULES: dict[str, type[ReplicaRule]] = {"dp": DataParallel, "cdp1": CDP1, "cdp2": CDP2,
-                                               "independent": Independent, "papa": PAPA, "wash": WASH}
+                                               "independent": Independent, "papa": PAPA, "wash": WASH,
+                                               "zero1": ShardedRule, "dpu": DPU, "wp": WeightPrediction, "acco": ACCO}
 
 
 STAGED = ("cdp1", "cdp2")  # the rules that take ``stages`` (the cyclic delay's groups)

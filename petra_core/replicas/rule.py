@@ -5,9 +5,8 @@ it that this process owns: all R of them in the simulator, one on a rank of a di
 A copy's step goes through the rule in three calls:
 
 1. ``contribute(copy, group)``: the copy has accumulated its k backward passes for step
-   ``copy.steps``; the rule takes what the replicas exchange (``dp``: the gradient, into the
-   step's :class:`Exchanges` entry, whose all-reduce starts once every local copy has given its
-   part);
+   ``copy.steps``; the rule takes what the replicas exchange (``dp``: the gradient, into
+   :class:`Exchanges`, whose all-reduce starts once every local copy has given its part);
 2. ``ready(copy, group)``: may the copy step now, at the end of this tick? (``dp``: once the mean
    is there and the group does not overlap its collectives with compute.) A copy that is not
    ready steps right before its next forward or backward, or before anyone reads its weights;
@@ -15,8 +14,9 @@ A copy's step goes through the rule in three calls:
    False skips the update (weights and optimizer state stay, the learning-rate schedule advances).
 
 Then the copy's optimizer steps, and once every local copy of the stage has stepped,
-``after_step(copies, group)`` runs (the hook for rules that exchange weights). A rule that
-remembers something between steps saves it in ``state_dict`` (checkpoints resume exactly).
+``after_step(copies, group)`` runs (the hook for rules that exchange weights); rules that step
+sharded optimizers (``acco.py``) swap weight versions in ``before_forward`` and ``settle``. What a
+rule remembers between steps is in its ``state_dict`` (checkpoints resume exactly).
 
 A rule never sees the world, only :class:`ReplicaGroup`: collectives over the R copies of one
 stage. In one process the group combines the local copies itself; on torch.distributed it is the
@@ -42,8 +42,9 @@ class StageCopy(Protocol):
     params: list[nn.Parameter]
     optimizer: torch.optim.Optimizer
     steps: int  # optimizer steps taken so far: the step being prepared is number ``steps``
-    tensor_offset: int  # the stage's first parameter tensor among the model's, in network order
-    tensors_total: int  # the model's parameter tensors
+    k: int  # backward passes per step; ``pending`` of them are done
+    tensor_offset: int  # the stage's first parameter tensor among the model's (network order), of
+    tensors_total: int  # the model's
 
 
 class ReplicaGroup(Protocol):
@@ -62,6 +63,10 @@ class ReplicaGroup(Protocol):
 
     def all_gather(self, tensors: list[Tensor]) -> Callable[[], Tensor]:
         """Start gathering the R copies' tensors (one shape); the wait returns them stacked, (R, ...)."""
+        ...
+
+    def reduce_scatter_mean(self, tensors: list[Tensor]) -> Callable[[], list[Tensor]]:
+        """Start the mean of flat R·S floats over the R copies; the wait gives each copy r slice r."""
         ...
 
 
@@ -147,6 +152,18 @@ class ReplicaRule:
     """The rule of a single replica: nothing crosses replicas. Subclasses override the hooks."""
 
     name = "none"
+
+    def check(self, *, schedule: str, k: int) -> None:
+        """Raise ValueError (one line) if the rule cannot run on this schedule or accumulation k."""
+
+    def before_forward(self, copy: StageCopy, group: ReplicaGroup) -> None:
+        """Right before ``copy``'s forward (a rule that computes at another version of the weights)."""
+
+    def settle(self, copy: StageCopy, group: ReplicaGroup) -> None:
+        """Before anyone reads ``copy``'s weights (evaluation, run files, checkpoints)."""
+
+    def close(self) -> None:
+        """Release what the rule runs (a communication thread)."""
 
     def contribute(self, copy: StageCopy, group: ReplicaGroup) -> None:
         """``copy`` has accumulated the gradient of its step ``copy.steps``: take what is exchanged."""

@@ -16,6 +16,7 @@ import yaml
 
 from ..data.sources import DATASETS
 from ..methods import METHODS
+from ..optim import OPTIMIZERS
 from ..precision import PRECISIONS
 from ..replicas import REPLICA_RULES
 from ..models.aux_heads import AUX_HEADS
@@ -58,7 +59,8 @@ class RunConfig:
     eval_batch_size: int = _key(256, "evaluation batch size")
     base_lr: float = _key(0.1, "base learning rate, before Goyal scaling")
     scale_lr: bool = _key(True, "lr = base_lr * batch_size * k / 256 (Goyal et al.)")
-    momentum: float = _key(0.9, "Nesterov momentum")
+    optimizer: str = _key("sgd", "sgd (Nesterov momentum) or adamw (betas 0.9, 0.999; ACCO's optimizer)", OPTIMIZERS)
+    momentum: float = _key(0.9, "Nesterov momentum (sgd)")
     weight_decay: float = _key(5e-4, "weight decay (never on batch-norm parameters or biases)")
     warmup_epochs: float = _key(0.0, "linear warm-up length in epochs (advanced every optimizer step)")
     milestones: list = _key([], "epochs at which the learning rate is multiplied by gamma", example="[150, 225]")
@@ -87,8 +89,9 @@ class RunConfig:
     replica_rule: str = _key("dp", "what the replicas do together around each optimizer step", tuple(REPLICA_RULES))
     rule_stages: int | None = _key(None, "cdp1/cdp2: the contiguous stage groups L the cyclic delay counts (default: "
                                          "one per stage of the model)")
-    rule_options: dict = _key({}, "the replica rule's own settings: wash {p, momentum}, papa {rate, every, "
-                                  "scale_with_lr} (petra_core/replicas/population.py)", example="{p: 0.005}")
+    rule_options: dict = _key({}, "the replica rule's own settings: wash {p, momentum, init}, papa {rate, "
+                                  "every, scale_with_lr, init} (petra_core/replicas/population.py), dpu {warmup} "
+                                  "(petra_core/replicas/acco.py)", example="{p: 0.005}")
     placement: str = _key("even", "distributed: stages per rank: even, balanced (measured) or ranges like 0-3,4-9")
     dist_timeout: float = _key(60.0, "distributed: seconds before a silent peer is declared failed")
     fidelity_every: int = _key(0, "every N optimizer steps, compare delayed gradients with true ones (0 = off)")

@@ -62,7 +62,7 @@ def local_devices(device: torch.device) -> list[torch.device] | None:
 def recipe_of(cfg: RunConfig) -> Recipe:
     return Recipe(base_lr=cfg.base_lr, momentum=cfg.momentum, nesterov=True, weight_decay=cfg.weight_decay,
                   warmup_epochs=cfg.warmup_epochs, milestones=tuple(cfg.milestones), gamma=cfg.gamma,
-                  scale_lr=cfg.scale_lr)
+                  scale_lr=cfg.scale_lr, optimizer=cfg.optimizer)
 
 
 def finite(module) -> bool:

@@ -59,6 +59,19 @@ class DistributedReplicaGroup:
 
         return wait
 
+    def reduce_scatter_mean(self, tensors: list) -> Callable[[], list]:
+        (t,) = tensors
+        self.floats_sent += t.numel()
+        out = torch.empty(t.numel() // self.size, dtype=t.dtype, device=t.device)
+        work = self.collective("averaging with the other replicas", lambda: dist.reduce_scatter_tensor(
+            out, t.contiguous(), group=self.group, async_op=True))
+
+        def wait() -> list:
+            self.collective("averaging with the other replicas", work.wait)
+            return [out.div_(self.size)]
+
+        return wait
+
     def all_gather(self, tensors: list) -> Callable:
         (t,) = tensors
         self.floats_sent += t.numel()
