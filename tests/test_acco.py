@@ -297,3 +297,27 @@ def test_an_acco_run_resumes_bit_for_bit(tmp_path, monkeypatch):
     assert untimed(a) == untimed(b)
     for name in ("history.json",):
         assert untimed(json.loads((whole / name).read_text())) == untimed(json.loads((cut / name).read_text()))
+
+
+@pytest.mark.slow
+def test_the_overlap_benchmark_runs_acco_in_timing_mode_against_ddp_and_zero1(tmp_path):
+    """benchmarks/bench_acco.py on 2 gloo ranks, tiny: every setting and method reported; DDP and
+    ZeRO-1 compute exactly 2n micro-batches a step on each rank, ACCO at least n a round (more
+    while a round is still running); the memory table shards AdamW's state 1/N."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "overlap.json"
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_acco.py"
+    subprocess.run([sys.executable, str(bench), "--width", "4", "--batch", "4", "--steps", "3", "--n", "1",
+                    "--memory-width", "4", "--json", str(out)], check=True, capture_output=True, timeout=600)
+    report = json.loads(out.read_text())
+    assert [s["setting"] for s in report["settings"]] == ["loopback", "1 Gbit/s", "1 Gbit/s, rank 1 2x slower"]
+    for setting in report["settings"]:
+        methods = setting["methods"]
+        assert methods["ddp"]["micro_batches"] == methods["zero1"]["micro_batches"] == 2 * 2
+        assert methods["acco"]["micro_batches"] >= 2 * 2
+        assert 0 < setting["ideal"] <= 1
+    for row in report["memory"]:
+        assert row["zero1_optimizer_state"] <= row["dp_optimizer_state"] / row["replicas"] + 4 * 64

@@ -55,6 +55,7 @@ class Cell:
     versions: dict = field(default_factory=dict)  # Key -> Tensor (flat, R·S) or Future of one
     loaded: Key = ("theta", 0)  # the version the stage's parameters hold
     stash: Tensor | None = None  # acco: the first half's gradient sum (/k) of the step under way
+    peak: int = 0  # the most bytes of versions and stash held at once (measured before each forward)
 
 
 @dataclass
@@ -112,9 +113,14 @@ class ShardedRule(ReplicaRule):
 
     def before_forward(self, copy, group) -> None:
         cell = self.cell(copy, group)
-        self.load(cell, self.wanted(copy))
-        for key in [key for key in cell.versions if key[1] < copy.steps]:  # no longer needed
-            cell.versions.pop(key)
+        wanted = self.wanted(copy)
+        self.load(cell, wanted)
+        for key in [key for key in cell.versions  # what no one can want any more: past steps, and an
+                    if key[1] < copy.steps or (key[1] == copy.steps and key not in (wanted, ("theta", copy.steps)))]:
+            cell.versions.pop(key)  # acco's θ̃_t once its first half is done
+        flat = cell.layout.replicas * cell.layout.S * cell.layout.params[0].element_size()
+        held = flat * len(cell.versions) + (0 if cell.stash is None else cell.stash.numel() * cell.stash.element_size())
+        cell.peak = max(cell.peak, held)
 
     def settle(self, copy, group) -> None:
         """Before anyone reads the weights: the stage holds the real weights of its step."""
@@ -197,24 +203,22 @@ class ShardedRule(ReplicaRule):
 
     # ---- what it holds ------------------------------------------------------------------------------
     def memory_bytes(self) -> dict[str, int]:
-        """Bytes per replica (the largest cell sum over a replica's stages): the optimizer state of
-        its shard, the shard's own copy of its parameters, and the weight versions and gradient
-        stash the rule keeps besides the stage's parameters."""
+        """Bytes one replica holds besides its stages' parameters and gradients (the replica that
+        holds most): its shards' optimizer state, the shards' own float copies of their scalars, and
+        the most the weight versions and the gradient stash took at once."""
         per: dict[int, dict[str, int]] = {}
-        self.drain()
         for (_, r), cell in self.cells.items():
             row = per.setdefault(r, {"optimizer_state": 0, "shard": 0, "versions": 0})
             row["optimizer_state"] += cell.shard.state_bytes()
             row["shard"] += sum(t.numel() * t.element_size() for t in cell.shard.tensors)
-            row["versions"] += sum(v.numel() * v.element_size() for v in cell.versions.values()) + \
-                (0 if cell.stash is None else cell.stash.numel() * cell.stash.element_size())
+            row["versions"] += cell.peak
         return max(per.values(), key=lambda row: sum(row.values())) if per else {}
 
     def state_dict(self) -> dict:
         if self.asks:
             raise RuntimeError("a checkpoint in the middle of a round (some replicas have not given their part)")
         self.drain()
-        return {key: {"shard": cell.shard.state_dict(), "loaded": cell.loaded,
+        return {key: {"shard": cell.shard.state_dict(), "loaded": cell.loaded, "peak": cell.peak,
                       "versions": {k: v.detach().cpu() for k, v in cell.versions.items()},
                       "stash": None if cell.stash is None else cell.stash.cpu()}
                 for key, cell in self.cells.items()}
@@ -229,7 +233,7 @@ class ShardedRule(ReplicaRule):
         device = cell.layout.params[0].device
         cell.shard.load_state_dict(_on(saved["shard"], device))
         cell.versions = {tuple(k): v.to(device) for k, v in saved["versions"].items()}
-        cell.loaded = tuple(saved["loaded"])
+        cell.loaded, cell.peak = tuple(saved["loaded"]), saved.get("peak", 0)
         cell.stash = None if saved["stash"] is None else saved["stash"].to(device)
 
     def close(self) -> None:

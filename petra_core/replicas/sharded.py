@@ -65,6 +65,14 @@ class FlatLayout:
     def grads(self) -> Tensor:
         return self.flatten([p.grad for p in self.params])
 
+    def load_grads(self, flat: Tensor) -> None:
+        """Write a flat vector into the parameters' gradients."""
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view(p.shape).clone(memory_format=torch.preserve_format)
+            offset += n
+
     @torch.no_grad()
     def load(self, flat: Tensor) -> None:
         """Write a flat vector into the parameters (whatever their memory formats)."""
