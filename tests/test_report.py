@@ -451,6 +451,59 @@ def test_populations_are_tabled_with_their_communication_against_papas(populatio
     assert fig.axes[0].get_xscale() == "log"
 
 
+# --- ACCO and its baselines (the acco profile) -------------------------------------------------------
+ACCO_PROFILE = {
+    "profile": "fakeacco", "run_name": "{optimizer}-{replica_rule}-seed{seed}",
+    "train": {"dataset": "cifar10", "data_source": "nowhere.tar.gz", "arch": "resnet18", "width": 8, "epochs": 10,
+              "batch_size": 32, "k": 2, "method": "backprop", "replicas": 4, "eval_every": 1},
+    "grid": [{"optimizer": ["sgd", "adamw"], "replica_rule": ["zero1", "acco"], "seed": [0, 1]},
+             {"optimizer": "sgd", "replica_rule": "dpu", "rule_options": [{"warmup": 0}, {"warmup": 5}], "seed": [0, 1],
+              "run_name": "{optimizer}-dpu-w{rule_options[warmup]}-seed{seed}"}],
+}
+ACCO_LOSS = {"zero1": 1.0, "acco": 1.02, "dpu": 1.5}  # the loss at epoch 1; dpu w5 lags less
+
+
+def write_acco_run(run_dir, cfg):
+    base = ACCO_LOSS[cfg["replica_rule"]] - (0.3 if (cfg.get("rule_options") or {}).get("warmup") else 0.0)
+    history = [{"epoch": e, "train_loss": base / e + 0.01 * cfg["seed"], "train_acc": 50.0, "test_loss": 1.0,
+                "top1": 50.0 + 3 * e - 10 * base + cfg["seed"], "top5": 99.0, "lr": 0.1, "images_per_s": 1.0,
+                "wall_time_s": 1.0, "eval_time_s": 0.1} for e in range(1, 11)]
+    last = history[-1]
+    metrics = {"top1": last["top1"], "top5": 99.0, "test_loss": 1.0, "train_loss": last["train_loss"], "train_acc": 50.0,
+               "best_top1": last["top1"], "top1_last10_mean": last["top1"], "epochs": 10, "optimizer_steps": 620,
+               "peak_kept_bytes": [0] * 10, "images_per_s": 1.0, "wall_time_s": 1.0, "params": 1, "stages": 10,
+               "stage_kinds": "S B B B B B B B B H", "floats_sent_per_step": 10.0}
+    write_records(run_dir, cfg, metrics, history)
+
+
+@pytest.fixture(scope="module")
+def acco_runs(tmp_path_factory):
+    return profile_results(tmp_path_factory, ACCO_PROFILE, write_acco_run)
+
+
+def test_acco_is_tabled_early_and_at_the_end_against_ddp_of_the_same_optimizer(acco_runs):
+    from petra_core.report.acco import acco_context, acco_figure, acco_frame
+    from petra_core.report.tables import render
+
+    frame = acco_frame(acco_runs["results"], acco_runs["history"])
+    sgd = frame[frame.optimizer == "sgd"].set_index("label")
+    assert list(sgd.index) == ["DDP (ZeRO-1)", "DPU, no warm-up", "DPU, 5 warm-up steps", "ACCO"]
+    assert set(frame.early_epoch) == {1}  # the first evaluated epoch at or past 10 % of 10
+    assert sgd.loc["ACCO", "early_train_loss"] == pytest.approx(1.02 + 0.005)  # seeds 0 and 1
+    assert sgd.loc["DPU, no warm-up", "gap_early_train_loss"] == pytest.approx(0.5)
+    assert sgd.loc["ACCO", "gap_top1"] == pytest.approx(-0.2)
+    assert sgd.loc["ACCO", "n"] == 2
+    context = acco_context(acco_runs, "fakeacco")
+    assert [g["optimizer"] for g in context["groups"]] == ["SGD (Nesterov)", "AdamW"]
+    md = render("acco", "md", context)
+    assert "**ResNet18, AdamW** (early: epoch 1)" in md
+    assert "| DPU, no warm-up | 1.505 ± 0.007 (n = 2) | +0.500 ± 0.010 |" in md, md
+    assert "\\begin{tabular}" in render("acco", "tex", context)
+    fig = acco_figure(acco_runs, "fakeacco")
+    assert len(fig.axes) == 4  # two optimizers x (training loss, top-1)
+    assert fig.axes[0].get_xlabel() == "optimizer steps"
+
+
 def test_the_readmes_results_are_what_the_committed_records_give():
     """README.md's "Results at a glance" is rendered by `petra readme`, never typed by hand."""
     from petra_core.report.readme import is_current, render_block

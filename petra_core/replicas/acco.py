@@ -77,6 +77,7 @@ class ShardedRule(ReplicaRule):
 
     name = "zero1"
     schedules: tuple[str, ...] | None = None  # the method schedules the rule runs with (None: any)
+    same_weights = True  # every replica loads the same all-gathered versions
 
     def __init__(self):
         self.cells: dict[tuple[int, int], Cell] = {}  # (stage, replica) -> Cell

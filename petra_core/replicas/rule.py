@@ -152,6 +152,7 @@ class ReplicaRule:
     """The rule of a single replica: nothing crosses replicas. Subclasses override the hooks."""
 
     name = "none"
+    same_weights = False  # do the replicas hold the same weights by construction (no population to evaluate)?
 
     def check(self, *, schedule: str, k: int) -> None:
         """Raise ValueError (one line) if the rule cannot run on this schedule or accumulation k."""
@@ -194,9 +195,8 @@ class ReplicaRule:
 
 
 class DataParallel(ReplicaRule):
-    """``dp``: every copy steps with the mean of the R replicas' accumulated gradients (one flat
-    all-reduce per stage and step). Replicas start identical and stay identical in their weights;
-    each keeps its own batch-norm running statistics (from its own minibatches)."""
+    """``dp``: every copy steps with the mean of the R replicas' gradients (one flat all-reduce per
+    stage and step); the weights stay identical, each keeps its own batch-norm statistics."""
 
     name = "dp"
 

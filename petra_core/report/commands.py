@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..run.runio import GPU_RESULTS, POPULATION_RESULTS, REPLICA_RESULTS
+from ..run.runio import ACCO_RESULTS, GPU_RESULTS, POPULATION_RESULTS, REPLICA_RESULTS
 
 
 def cmd_results(args) -> int:
@@ -24,7 +24,7 @@ def cmd_tables(args) -> int:
 
     for path in render_all(args.results, args.costs, args.out, profile=Path(args.results).name,
                            cyclic_dir=args.cyclic, replicas_dir=args.replicas, gpu_dir=args.gpu,
-                           populations_dir=args.populations):
+                           populations_dir=args.populations, acco_dir=args.acco):
         print(path)
     return 0
 
@@ -33,7 +33,8 @@ def cmd_figures(args) -> int:
     from .figures import draw_all
 
     for path in draw_all(args.results, args.costs, args.out, profile=Path(args.results).name,
-                           cyclic_dir=args.cyclic, replicas_dir=args.replicas, populations_dir=args.populations):
+                           cyclic_dir=args.cyclic, replicas_dir=args.replicas, populations_dir=args.populations,
+                           acco_dir=args.acco):
         print(path)
     return 0
 
@@ -67,6 +68,9 @@ def register(sub) -> None:
         p.add_argument("--populations", default=POPULATION_RESULTS,
                        help="the results directory the population comparison reads (a profile of independent, "
                             "papa and wash runs; default %(default)s)")
+        p.add_argument("--acco", default=ACCO_RESULTS,
+                       help="the results directory the ACCO comparison reads (a profile of zero1, dpu, wp and acco "
+                            "runs; default %(default)s)")
         if name == "tables":
             p.add_argument("--gpu", default=GPU_RESULTS,
                            help="bench_gpu.py's files, rendered in Table 1's GPU section (default %(default)s)")

@@ -27,7 +27,7 @@ from .plotting import empty_figure  # noqa: E402
 from .budget import METRICS, at_largest_budget, gap_frame, paper_point, trend, trend_curve, varies_budget  # noqa: E402
 
 FIGURES = ("fig4_accumulation", "training_curves", "memory_per_stage", "gradient_fidelity", "budget_gap",
-           "replica_rules", "cyclic", "populations")
+           "replica_rules", "cyclic", "populations", "acco")
 FORMATS = {"png": {"dpi": 150, "metadata": {"Software": None}}, "pdf": {"metadata": {"CreationDate": None}}}
 PIPELINED = ("delayed", "dsp", "petra")
 
@@ -187,18 +187,21 @@ def budget_gap(summary: pd.DataFrame, results: pd.DataFrame, profile: str, refer
 
 def draw_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path, profile: str,
              cyclic_dir: str | Path | None = None,
-             replicas_dir: str | Path | None = None, populations_dir: str | Path | None = None) -> list[Path]:
+             replicas_dir: str | Path | None = None, populations_dir: str | Path | None = None,
+             acco_dir: str | Path | None = None) -> list[Path]:
     from ..reference import load_paper_reference
     from . import costs as costs_mod
     from . import cyclic as cyclic_mod
     from . import replicas as replicas_mod
     from . import results as results_mod
+    from .acco import acco_figure
     from .population import population_figure
 
     style()
     frames = results_mod.load(results_dir)
     rule_frames, rule_profile = (frames, profile) if replicas_dir is None else replicas_mod.load(replicas_dir)
     pop_frames, pop_profile = (frames, profile) if populations_dir is None else replicas_mod.load(populations_dir)
+    acco_frames, acco_profile = (frames, profile) if acco_dir is None else replicas_mod.load(acco_dir)
     fallback = costs_mod.load(costs_dir)["fidelity"]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -210,5 +213,6 @@ def draw_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path
             "budget_gap": budget_gap(summary, frames["results"], profile, load_paper_reference()),
             "replica_rules": replicas_mod.rule_curves(rule_frames["history"], rule_profile),
             "cyclic": cyclic_mod.cyclic_figure(cyclic_mod.load(cyclic_dir)),
-            "populations": population_figure(pop_frames["summary"], pop_profile)}
+            "populations": population_figure(pop_frames["summary"], pop_profile),
+            "acco": acco_figure(acco_frames, acco_profile)}
     return [path for name, fig in figs.items() for path in save(fig, out_dir, name)]

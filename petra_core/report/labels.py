@@ -42,13 +42,13 @@ def pm(mean, std, n, digits: int = 1, tex: bool = False) -> str:
     return f"{float(mean):.{digits}f}{spread} ({eq.format(int(n))})"
 
 
-def signed(x, err=None, tex: bool = False) -> str:
+def signed(x, err=None, tex: bool = False, digits: int = 2) -> str:
     """A gap: ``-1.23 ± 0.40`` (the ± only when known); '–' for a missing value."""
     if missing(x):
         return "–"
     sign = r"$\pm$" if tex else "±"
-    spread = f" {sign} {float(err):.2f}" if not missing(err) else ""
-    return f"{float(x):+.2f}{spread}"
+    spread = f" {sign} {float(err):.{digits}f}" if not missing(err) else ""
+    return f"{float(x):+.{digits}f}{spread}"
 
 
 def millions(count) -> str:

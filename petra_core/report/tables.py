@@ -22,7 +22,8 @@ TEMPLATES = Path(__file__).parent / "templates"
 TABLES = {"table1_costs": "Table 1", "table2_accuracy": "Table 2", "table3_memory": "Table 3",
           "budget_gap": "the gap against training budget", "replica_rules": "replica rules against DP",
           "cyclic": "cyclic execution: memory, gradient traffic, devices",
-          "populations": "populations: members, ensemble, average, communication"}
+          "populations": "populations: members, ensemble, average, communication",
+          "acco": "ACCO against DDP, DPU and weight prediction"}
 FORMATS = ("md", "tex")
 QUANTITIES = ("activations", "params", "comm", "flops", "time")
 
@@ -193,12 +194,13 @@ def _series_cell(g: pd.DataFrame, method: str, k: int, metric: str) -> dict:
 def render_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path, profile: str,
                cyclic_dir: str | Path | None = None,
                replicas_dir: str | Path | None = None, gpu_dir: str | Path | None = None,
-               populations_dir: str | Path | None = None) -> list[Path]:
+               populations_dir: str | Path | None = None, acco_dir: str | Path | None = None) -> list[Path]:
     """Write every table of ``TABLES`` (``.md`` and ``.tex``) into ``out_dir``; returns the paths.
 
     The replica-rule table reads ``replicas_dir`` (a profile's results; ``results_dir`` when None);
     Table 1's GPU section reads ``gpu_dir`` (``bench_gpu.py``'s files; none when None); the
-    population table ``populations_dir`` (``results_dir`` when None)."""
+    population table ``populations_dir`` and the ACCO table ``acco_dir`` (each ``results_dir`` when None)."""
+    from . import acco as acco_mod
     from . import costs as costs_mod
     from . import cyclic as cyclic_mod
     from . import gpu as gpu_mod
@@ -209,6 +211,7 @@ def render_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Pa
     frames = results_mod.load(results_dir)
     rule_frames, rule_profile = (frames, profile) if replicas_dir is None else replicas_mod.load(replicas_dir)
     pop_frames, pop_profile = (frames, profile) if populations_dir is None else replicas_mod.load(populations_dir)
+    acco_frames, acco_profile = (frames, profile) if acco_dir is None else replicas_mod.load(acco_dir)
     costs = costs_mod.load(costs_dir)
     reference = load_paper_reference()
     contexts = {"table1_costs": {**table1_context(costs, reference), "gpu": gpu_mod.gpu_context(gpu_mod.load(gpu_dir))},
@@ -217,7 +220,8 @@ def render_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Pa
                 "budget_gap": budget_context(frames, profile, reference),
                 "replica_rules": rule_context(rule_frames, rule_profile),
                 "cyclic": cyclic_mod.cyclic_context(cyclic_mod.load(cyclic_dir)),
-                "populations": population_mod.population_context(pop_frames, pop_profile)}
+                "populations": population_mod.population_context(pop_frames, pop_profile),
+                "acco": acco_mod.acco_context(acco_frames, acco_profile)}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []

@@ -30,6 +30,7 @@ COST_FILES = ("table1_per_stage.csv", "table1.csv", "network_costs.csv", "table3
 REPLICA_RESULTS = "results/cdp"
 REPLICA_FILES = ("summary.csv", "results.csv", "history.csv")
 POPULATION_RESULTS = "results/wash"  # the profile whose populations the population table compares
+ACCO_RESULTS = "results/acco"  # the profile whose runs the ACCO table and curves compare
 GPU_RESULTS = "results/gpu"  # benchmarks/bench_gpu.py's files (<GPU>.json), Table 1's GPU section
 
 

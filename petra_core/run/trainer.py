@@ -241,7 +241,8 @@ class Trainer:
         peaks = pipe.gather_object([sum(w.peak_kept.values()) for w in pipe.workers] if 0 in pipe.world.replicas else [])
         model = rt.model_for_eval() if cfg.bn_reestimate_batches else None
         floats = rt.floats_sent_per_replica()
-        population = rt.population_for_eval() if cfg.replicas > 1 else None
+        # replicas whose weights a rule keeps identical (the sharded rules' all-gather) form no population
+        population = rt.population_for_eval() if cfg.replicas > 1 and not pipe.rule.same_weights else None
 
         def write():
             metrics = final_metrics(self.history, steps, [p for part in peaks for p in part])

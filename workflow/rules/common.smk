@@ -12,8 +12,8 @@ from petra_core.run.config import WATCH_KEYS
 from petra_core.reference import REFERENCE_FILE
 from petra_core.report.results import RESULT_FILES
 from petra_core.run import runio
-from petra_core.run.runio import (COST_FILES, CYCLIC_FILES, GPU_RESULTS, POPULATION_RESULTS, REPLICA_FILES,
-                                  REPLICA_RESULTS)
+from petra_core.run.runio import (ACCO_RESULTS, COST_FILES, CYCLIC_FILES, GPU_RESULTS, POPULATION_RESULTS,
+                                  REPLICA_FILES, REPLICA_RESULTS)
 
 # `petra` of the interpreter that runs Snakemake, also when its virtual environment is not active.
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
@@ -40,6 +40,9 @@ REPLICAS = REPLICAS if RESULTS == REPLICA_RESULTS or all(Path(f).exists() for f 
 # (committed), or made by rule results when PROFILE is wash; until then they say so
 POPULATIONS = [f"{POPULATION_RESULTS}/{name}" for name in REPLICA_FILES]
 POPULATIONS = POPULATIONS if RESULTS == POPULATION_RESULTS or all(Path(f).exists() for f in POPULATIONS) else []
+# the ACCO table and curves compare the acco profile's runs, the same way
+ACCO = [f"{ACCO_RESULTS}/{name}" for name in REPLICA_FILES]
+ACCO = ACCO if RESULTS == ACCO_RESULTS or all(Path(f).exists() for f in ACCO) else []
 # GPU measurements (benchmarks/bench_gpu.py), committed when a GPU was lent: Table 1 renders them
 GPU_FILES = sorted(str(path) for path in Path(GPU_RESULTS).glob("*.json"))
 # Outputs of a run: small records committed to git (checkpoint.pt is DVC's). config.yaml and

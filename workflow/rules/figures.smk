@@ -1,7 +1,7 @@
 rule figures:
     """Figures of the selected profile (PNG and PDF): fig4_accumulation, training_curves,
     memory_per_stage, gradient_fidelity, budget_gap; and replica_rules (the cdp profile's runs,
-    results/cdp), populations (the wash profile's, results/wash) and
+    results/cdp), populations (the wash profile's, results/wash), acco (the acco profile's, results/acco) and
     cyclic (results/cyclic)."""
     input:
         summary=f"{RESULTS}/summary.csv",
@@ -12,6 +12,7 @@ rule figures:
         cyclic=rules.cyclic.output,
         replicas=REPLICAS,
         populations=POPULATIONS,
+        acco=ACCO,
         code=REPORT_CODE,
     output:
         report(
@@ -31,5 +32,6 @@ rule figures:
         cyclic=lambda wildcards, input: os.path.dirname(input.cyclic[0]),
         replicas=REPLICA_RESULTS,
         populations=POPULATION_RESULTS,
+        acco=ACCO_RESULTS,
     shell:
-        "petra figures --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --replicas {params.replicas:q} --populations {params.populations:q} --out {output:q} > {log:q} 2>&1"
+        "petra figures --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --replicas {params.replicas:q} --populations {params.populations:q} --acco {params.acco:q} --out {output:q} > {log:q} 2>&1"

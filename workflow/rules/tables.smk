@@ -1,7 +1,7 @@
 rule tables:
     """Tables 1-3 (Markdown and LaTeX booktabs) of the selected profile, ours beside the paper's:
     paper_tables/table1_costs, table2_accuracy, table3_memory, budget_gap (.md, .tex); and
-    replica_rules (the cdp profile's runs, results/cdp), populations (the wash profile's, results/wash), cyclic
+    replica_rules (the cdp profile's runs, results/cdp), populations (the wash profile's, results/wash), acco (the acco profile's, results/acco), cyclic
     (results/cyclic) and Table 1's
     GPU section (results/gpu/*.json, benchmarks/bench_gpu.py)."""
     input:
@@ -11,6 +11,7 @@ rule tables:
         cyclic=rules.cyclic.output,
         replicas=REPLICAS,
         populations=POPULATIONS,
+        acco=ACCO,
         gpu=GPU_FILES,
         reference=REFERENCE,
         templates=TEMPLATES,
@@ -33,6 +34,7 @@ rule tables:
         cyclic=lambda wildcards, input: os.path.dirname(input.cyclic[0]),
         replicas=REPLICA_RESULTS,
         populations=POPULATION_RESULTS,
+        acco=ACCO_RESULTS,
         gpu=GPU_RESULTS,
     shell:
-        "petra tables --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --replicas {params.replicas:q} --populations {params.populations:q} --gpu {params.gpu:q} --out {output:q} > {log:q} 2>&1"
+        "petra tables --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --replicas {params.replicas:q} --populations {params.populations:q} --acco {params.acco:q} --gpu {params.gpu:q} --out {output:q} > {log:q} 2>&1"
