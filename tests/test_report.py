@@ -311,6 +311,32 @@ def test_a_gap_that_closed_inside_the_budgets_is_not_extrapolated():
     assert trend(frame, "delayed", 1, 234375)["kind"] == "line"
 
 
+def test_a_trend_says_how_far_the_seeds_spread_moves_it():
+    """The fit uses the mean gaps; a parametric bootstrap over each budget's ± gives a 16-84 %
+    interval that holds the fit, narrows with the spread, is a point without spread, and is
+    absent when no budget has more than one seed."""
+    from petra_core.report.budget import trend
+
+    def fit(errs):
+        frame = pd.DataFrame({"method": "petra", "k": 1, "minibatches": [1250, 2500, 5000, 10000, 20000],
+                              "gap_top1": [-16.0, -12.0, -8.0, -3.0, -0.6], "gap_top1_err": errs})
+        return trend(frame, "petra", 1, 234375)
+
+    wide, narrow = fit([1.0, 1.0, 0.8, 0.5, 0.2]), fit([0.1, 0.1, 0.08, 0.05, 0.02])
+    for f in (wide, narrow):
+        lo, hi = f["uncertainty"]["slope"]
+        assert lo < f["factor_per_doubling"] < hi
+        lo, hi = f["uncertainty"]["predicted"]
+        assert lo < f["predicted_gap"] < hi and f["uncertainty"]["assumed"] == 0
+    assert (wide["uncertainty"]["slope"][1] - wide["uncertainty"]["slope"][0]
+            > 3 * (narrow["uncertainty"]["slope"][1] - narrow["uncertainty"]["slope"][0]))
+    partly = fit([float("nan"), float("nan"), float("nan"), float("nan"), 0.2])
+    assert partly["uncertainty"]["assumed"] == 4  # they take the median known spread
+    still = fit([0.0] * 5)["uncertainty"]
+    assert still["slope"][0] == pytest.approx(still["slope"][1])
+    assert fit([float("nan")] * 5)["uncertainty"] is None
+
+
 def test_budget_profiles_render_table_2_at_their_largest_budget(budget, cost_tables, tmp_path):
     out = tmp_path / "results"
     results.write({name: budget[name] for name in results.FRAMES}, out)

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 METRICS = {"top1": "as trained", "top1_bn_reestimated": "batch-norm statistics re-estimated"}
+DRAWS = 4000  # refits of a trend's parametric bootstrap (fit_uncertainty)
 
 
 def varies_budget(summary: pd.DataFrame) -> bool:
@@ -72,24 +73,61 @@ def trend(frame: pd.DataFrame, method: str, k: int, at: float, metric: str = "to
     above at the largest budget has closed inside the measured range: ``kind="closed"``, no
     extrapolation (``predicted_gap`` NaN; ``closed_at``, the first budget from which it stays
     at or above 0). Otherwise (a gap above 0 only at smaller budgets): a straight line in
-    log2(minibatches). ``monotonic``: the gap shrank at every step.
+    log2(minibatches). ``monotonic``: the gap shrank at every step. The fit uses the mean gaps;
+    ``uncertainty`` (:func:`fit_uncertainty`) says how far the seeds' spread moves it.
     """
     g = frame[(frame.method == method) & (frame.k == k)].sort_values("minibatches")
     if g.minibatches.nunique() < 2:
         return None
     x, gap = np.log2(g.minibatches.to_numpy(float)), g[f"gap_{metric}"].to_numpy(float)
-    out = {"method": method, "k": k, "at": at, "monotonic": bool((np.diff(gap) > 0).all())}
+    err = g[f"gap_{metric}_err"].to_numpy(float) if f"gap_{metric}_err" in g else np.full(gap.size, np.nan)
+    out = {"method": method, "k": k, "at": at, "monotonic": bool((np.diff(gap) > 0).all()), "budgets": int(gap.size)}
     if gap[-1] >= 0:
         below = np.flatnonzero(gap < 0)
         first = 0 if below.size == 0 else int(below[-1]) + 1
-        return {**out, "kind": "closed", "closed_at": int(g.minibatches.iloc[first]), "predicted_gap": float("nan")}
-    if (gap < 0).all():
-        slope, intercept = np.polyfit(x, np.log2(-gap), 1)
-        return {**out, "kind": "power", "factor_per_doubling": float(2.0 ** slope),
-                "predicted_gap": float(-(2.0 ** (intercept + slope * math.log2(at))))}
-    slope, intercept = np.polyfit(x, gap, 1)
-    return {**out, "kind": "line", "points_per_doubling": float(slope),
-            "predicted_gap": float(intercept + slope * math.log2(at))}
+        return {**out, "kind": "closed", "closed_at": int(g.minibatches.iloc[first]), "predicted_gap": float("nan"),
+                "uncertainty": None}
+    kind = "power" if (gap < 0).all() else "line"
+    fit = _fit(kind, x, gap[:, None], at)
+    out.update(kind=kind, predicted_gap=float(fit["predicted"][0]), uncertainty=fit_uncertainty(kind, x, gap, err, at))
+    if kind == "power":
+        out["factor_per_doubling"] = float(fit["slope_value"][0])
+    else:
+        out["points_per_doubling"] = float(fit["slope_value"][0])
+    return out
+
+
+def _fit(kind: str, x: np.ndarray, gaps: np.ndarray, at: float) -> dict:
+    """The fit of each column of ``gaps`` (budgets × draws): its slope as reported (a factor per
+    doubling, or points per doubling) and its prediction at ``at``."""
+    if kind == "power":
+        slope, intercept = np.polyfit(x, np.log2(-gaps), 1)
+        return {"slope_value": 2.0 ** slope, "predicted": -(2.0 ** (intercept + slope * math.log2(at)))}
+    slope, intercept = np.polyfit(x, gaps, 1)
+    return {"slope_value": slope, "predicted": intercept + slope * math.log2(at)}
+
+
+def fit_uncertainty(kind: str, x: np.ndarray, gap: np.ndarray, err: np.ndarray, at: float, draws: int = DRAWS,
+                    seed: int = 0) -> dict | None:
+    """How uncertain the trend is: a parametric bootstrap that redraws every budget's gap from a
+    normal of its mean and its ± (the seeds' spread of both sides, combined), refits, and reports
+    the 16th-84th percentiles of the slope and of the prediction (one standard deviation's
+    worth). A budget with one seed on both sides has no spread of its own; it takes the median
+    spread of the budgets that have one (``assumed`` counts them). None when no budget has one.
+    Draws of a power law in which a gap reaches 0 cannot be fitted as one: ``closed_fraction``."""
+    known = err[~np.isnan(err)]
+    if known.size == 0:
+        return None
+    sd = np.where(np.isnan(err), float(np.median(known)), err)
+    rng = np.random.default_rng(seed)
+    sample = gap[:, None] + sd[:, None] * rng.standard_normal((gap.size, draws))
+    fittable = (sample < 0).all(axis=0) if kind == "power" else np.ones(draws, bool)
+    out = {"draws": draws, "assumed": int(np.isnan(err).sum()), "closed_fraction": float(1 - fittable.mean())}
+    if fittable.sum() < draws // 2:  # mostly closed: no interval worth the name
+        return {**out, "slope": None, "predicted": None}
+    fit = _fit(kind, x, sample[:, fittable], at)
+    return {**out, "slope": [float(v) for v in np.percentile(fit["slope_value"], [16, 84])],
+            "predicted": [float(v) for v in np.percentile(fit["predicted"], [16, 84])]}
 
 
 def trend_curve(fit: dict, xs) -> list[float]:

@@ -15,7 +15,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from ..reference import load_paper_reference
 from . import labels
 from .labels import describe_runs
-from .budget import METRICS, at_largest_budget, gap_frame, paper_point, trend, varies_budget
+from .budget import DRAWS, METRICS, at_largest_budget, gap_frame, paper_point, trend, varies_budget
 from .replicas import rule_context
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -156,7 +156,7 @@ def budget_context(frames: dict, profile: str, reference: dict | None = None) ->
     summary = frames["summary"]
     paper = paper_point(reference)
     context = {"profile": profile, "applies": varies_budget(summary), "paper": paper, "metrics": METRICS,
-               "series": [], "rows": [], "trends": [], "setting": ""}
+               "series": [], "rows": [], "trends": [], "setting": "", "draws": DRAWS}
     if not context["applies"]:
         return context
     frame = gap_frame(summary, frames["results"])
