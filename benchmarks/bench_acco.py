@@ -147,13 +147,19 @@ def main() -> int:
     p.add_argument("--methods", default="ddp,zero1,acco")
     p.add_argument("--memory-width", type=int, default=64, help="ResNet18's width for the memory table (0: skip)")
     p.add_argument("--json", default=None, help="also write everything measured here")
+    p.add_argument("--record", action="store_true", help="also write results/benchmarks/bench_acco-VARIANT.json (README's block is rendered from it)")
     p.add_argument("--rank-out", default=None, help=argparse.SUPPRESS)  # the rank program's output
     args = p.parse_args()
     if args.rank_out:
         return rank_main(args)
+    recorder = None
+    if args.record:
+        from petra_core.report.benchmarks import Recorder
+
+        recorder = Recorder("bench_acco", f"w{args.width}-n{args.n}-{args.gbit:g}gbit")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ranks.json"
-        argv = [a for a in sys.argv[1:]]
+        argv = [a for a in sys.argv[1:] if a != "--record"]
         procs = launch_local([*argv, "--rank-out", str(out)], 2, timeout=1800, capture=True, script=__file__)
         for r, proc in enumerate(procs):
             if proc.returncode != 0:
@@ -205,6 +211,8 @@ def main() -> int:
                   f"{row['acco_versions'] * mib:.1f} of weight versions and gradient stash, and its shard's copy "
                   f"{row['acco_shard'] * mib:.1f} (the parameters themselves: {row['params'] * 4 * mib:.1f})")
             report["memory"].append(row)
+    if recorder is not None:
+        print(f"recorded: {recorder.write(json.loads(json.dumps(report, default=str)))}")
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -84,6 +84,7 @@ def main() -> None:
     p.add_argument("--backprop-steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2, help="backprop minibatches excluded from the timing")
     p.add_argument("--placement", default="balanced")
+    p.add_argument("--record", action="store_true", help="also write results/benchmarks/bench_distributed-VARIANT.json (README's block is rendered from it)")
     a = p.parse_args()
     gpu = a.device == "cuda"
     if gpu and not torch.cuda.is_available():
@@ -99,6 +100,11 @@ def main() -> None:
           f"{a.device}{' (1 thread each, gloo)' if not gpu else ' (NCCL)'}; load average {load:.2f} on "
           f"{os.cpu_count()} CPUs", flush=True)
 
+    recorder = None
+    if a.record:
+        from petra_core.report.benchmarks import Recorder
+
+        recorder = Recorder("bench_distributed", f"{a.device}-w{width}-n{nprocs}")
     t_start = time.time()
     bp_argv = [*base, "--steps", str(a.backprop_steps)]
     baselines = {}
@@ -142,6 +148,15 @@ def main() -> None:
                   f"{row['send_s']:7.2f} {row['background_recv_s']:9.2f} {row['bytes_sent'] / 2**20:8.1f}")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"\ntotal {time.time() - t_start:.0f} s; load average at the end {load:.2f}")
+    if recorder is not None:
+        result = {"width": width, "batch": batch, "ranks": nprocs, "device": a.device, "ideal_petra": ideal,
+                  "baselines_images_per_s": baselines,
+                  "runs": {m: {"images_per_s": r["steady_images_per_s"], "placement": r["placement"]}
+                           for m, r in runs.items()},
+                  "petra_vs_backprop_same_ranks": runs["petra"]["steady_images_per_s"]
+                  / runs["backprop"]["steady_images_per_s"],
+                  "petra_vs_baselines": {n: runs["petra"]["steady_images_per_s"] / v for n, v in baselines.items()}}
+        print(f"recorded: {recorder.write(result)}")
 
 
 if __name__ == "__main__":

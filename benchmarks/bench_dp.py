@@ -49,7 +49,13 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=12, help="minibatches per replica")
     p.add_argument("--warmup", type=int, default=2, help="minibatches excluded from the throughput")
     p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--record", action="store_true", help="also write results/benchmarks/bench_dp-VARIANT.json (README's block is rendered from it)")
     args = p.parse_args()
+    recorder = None
+    if args.record:
+        from petra_core.report.benchmarks import Recorder
+
+        recorder = Recorder("bench_dp", f"{args.method}-w{args.width}-r{args.replicas}")
     argv = ["--arch", "revnet18", "--width", str(args.width), "--batch", str(args.batch), "--steps", str(args.steps),
             "--warmup", str(args.warmup)]
     dp = replicated(argv, args.method, args.replicas)
@@ -63,6 +69,11 @@ def main() -> int:
     print(f"  1 process, 2 threads:               {two:8.1f} images/s")
     print(f"  ratios: dp / 1 thread = {dp_rate / one:.2f} (goal >= 1.8), dp / 2 threads = {dp_rate / two:.2f} "
           f"(goal >= 1.0)")
+    if recorder is not None:
+        print(f"recorded: " + str(recorder.write({
+            "method": args.method, "width": args.width, "batch": args.batch, "replicas": args.replicas,
+            "dp_images_per_s": dp_rate, "one_thread_images_per_s": one, "two_threads_images_per_s": two,
+            "vs_one_thread": dp_rate / one, "vs_two_threads": dp_rate / two})))
     for rank in dp["ranks"]:
         print(f"  rank {rank['rank']} (replica {rank['replica']}): compute {rank['compute_s']:.2f} s of "
               f"{rank['wall_s']:.2f} s")

@@ -16,6 +16,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 FLOP_RATIO = {"backprop": 1.0, "revbackprop": 4 / 3, "delayed": 1.0, "dsp": 4 / 3, "petra": 4 / 3}
 
@@ -54,13 +55,20 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8, help="timed minibatches per method")
     p.add_argument("--methods", default="backprop,revbackprop,delayed,dsp,petra")
     p.add_argument("--method", help=argparse.SUPPRESS)  # internal: measure one method in this process
+    p.add_argument("--record", action="store_true", help="also write results/benchmarks/bench_methods-VARIANT.json (README's block is rendered from it)")
     args = p.parse_args()
     if args.method:
         print(json.dumps(measure(args)))
         return
+    recorder = None
+    if args.record:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from petra_core.report.benchmarks import Recorder
+
+        recorder = Recorder("bench_methods", f"{args.arch}-w{args.width}-t{args.threads}")
     rows = []
     for method in args.methods.split(","):
-        cmd = [sys.executable, __file__, "--method", method, *sys.argv[1:]]
+        cmd = [sys.executable, __file__, "--method", method, *[a for a in sys.argv[1:] if a != "--record"]]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
         print(f"  measured {method}", file=sys.stderr)
@@ -73,6 +81,12 @@ def main() -> None:
         print(f"{r['method']:<12}{r['s_per_batch']:>9.3f}{r['s_per_batch'] / base['s_per_batch']:>12.2f}"
               f"{FLOP_RATIO.get(r['method'], float('nan')):>13.2f}{r['peak_rss_MiB']:>14.0f}"
               f"{r['peak_rss_MiB'] / base['peak_rss_MiB']:>12.2f}{r['kept_MiB']:>10.0f}")
+    if recorder is not None:
+        result = {"arch": args.arch, "width": args.width, "batch": args.batch, "threads": args.threads,
+                  "steps": args.steps, "ideal_flop_ratio": FLOP_RATIO,
+                  "methods": {r["method"]: {**r, "time_vs_backprop": r["s_per_batch"] / base["s_per_batch"],
+                                            "rss_vs_backprop": r["peak_rss_MiB"] / base["peak_rss_MiB"]} for r in rows}}
+        print(f"recorded: {recorder.write(result)}")
 
 
 if __name__ == "__main__":

@@ -88,7 +88,14 @@ def main(argv=None) -> dict:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile every stage's submodules (forward and, for PETRA, the rebuild use them)")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--record", action="store_true", help="also write results/benchmarks/bench_speed-VARIANT.json (README's block is rendered from it)")
     args = p.parse_args(argv)
+    recorder = None
+    if args.record:
+        from petra_core.report.benchmarks import Recorder
+
+        recorder = Recorder("bench_speed", f"{args.arch}-w{args.width}-t{args.threads}"
+                            + ("-cl" if args.channels_last else "") + ("-compile" if args.compile else ""))
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -125,6 +132,8 @@ def main(argv=None) -> dict:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    if recorder is not None:
+        print(f"recorded: {recorder.write(result)}")
     return result
 
 

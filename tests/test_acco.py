@@ -311,8 +311,12 @@ def test_the_overlap_benchmark_runs_acco_in_timing_mode_against_ddp_and_zero1(tm
     out = tmp_path / "overlap.json"
     bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_acco.py"
     subprocess.run([sys.executable, str(bench), "--width", "4", "--batch", "4", "--steps", "3", "--n", "1",
-                    "--memory-width", "4", "--json", str(out)], check=True, capture_output=True, timeout=600)
+                    "--memory-width", "4", "--json", str(out), "--record"], check=True, capture_output=True, timeout=600,
+                   cwd=tmp_path)
     report = json.loads(out.read_text())
+    from petra_core.report.readme import render_benchmarks
+
+    assert "**ACCO's overlap**" in render_benchmarks(tmp_path / "results")  # its record, rendered
     assert [s["setting"] for s in report["settings"]] == ["loopback", "1 Gbit/s", "1 Gbit/s, rank 1 2x slower"]
     for setting in report["settings"]:
         methods = setting["methods"]

@@ -530,6 +530,47 @@ def test_acco_is_tabled_early_and_at_the_end_against_ddp_of_the_same_optimizer(a
     assert fig.axes[0].get_xlabel() == "optimizer steps"
 
 
+def test_the_readmes_benchmarks_are_rendered_from_benchmark_records(tmp_path, monkeypatch):
+    """A benchmark run with --record writes results/benchmarks/<benchmark>-<variant>.json (result,
+    command, revision, CPU, load); `petra readme` renders README's benchmarks block from them, and
+    says when a record was taken on a busy machine."""
+    import sys
+
+    from petra_core.report.benchmarks import Recorder, load
+    from petra_core.report.readme import render_benchmarks
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(root / "benchmarks"))
+    import bench_speed
+
+    assert "No benchmark has been recorded yet" in render_benchmarks(tmp_path / "results")
+    monkeypatch.setattr(sys, "argv", ["benchmarks/bench_speed.py", "--width", "4", "--steps", "1", "--blocks", "1"])
+    bench_speed.main(["--width", "4", "--batch", "8", "--steps", "1", "--blocks", "1", "--record"])
+    for name, result in {
+        "bench_methods": {"arch": "revnet18", "width": 64, "batch": 64, "threads": 2, "steps": 8,
+                          "ideal_flop_ratio": {"backprop": 1.0, "petra": 4 / 3},
+                          "methods": {"backprop": {"s_per_batch": 1.5, "peak_rss_MiB": 1800.0, "time_vs_backprop": 1.0,
+                                                   "rss_vs_backprop": 1.0},
+                                      "petra": {"s_per_batch": 2.0, "peak_rss_MiB": 2700.0, "time_vs_backprop": 1.38,
+                                                "rss_vs_backprop": 1.5}}},
+        "bench_dp": {"method": "backprop", "width": 32, "batch": 64, "replicas": 2, "dp_images_per_s": 180.0,
+                     "one_thread_images_per_s": 100.0, "two_threads_images_per_s": 170.0, "vs_one_thread": 1.8,
+                     "vs_two_threads": 1.06}}.items():
+        Recorder(name, "fake").write(result)
+    records = load(tmp_path / "results" / "benchmarks")
+    assert set(records) == {"bench_speed-revnet18-w4-t1", "bench_methods-fake", "bench_dp-fake"}
+    assert records["bench_speed-revnet18-w4-t1"]["command"].startswith("python benchmarks/bench_speed.py")
+    block = render_benchmarks(tmp_path / "results")
+    assert "× a plain PyTorch loop" in block and "× our backprop (ideal FLOP ratio 1.33)" in block
+    assert "petra 1.38 (ideal 1.33)" in block and "petra 1.50" in block
+    assert "1.80 × the images/s of one process with 1 thread" in block
+    busy = json.loads((tmp_path / "results" / "benchmarks" / "bench_dp-fake.json").read_text())
+    busy["load_average_before"] = [1.9, 1.5, 1.2]
+    (tmp_path / "results" / "benchmarks" / "bench_dp-fake.json").write_text(json.dumps(busy))
+    assert "load average 1.90: **a busy machine**" in render_benchmarks(tmp_path / "results")
+
+
 def test_the_readmes_results_are_what_the_committed_records_give():
     """README.md's "Results at a glance" is rendered by `petra readme`, never typed by hand."""
     from petra_core.report.readme import is_current, render_block

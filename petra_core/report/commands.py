@@ -79,7 +79,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("readme", help="render README.md's results block from the committed result files",
                        description="Replace the block between README.md's results markers by a render of "
-                                   "results/{budget,cpu,costs,cdp,wash}; --check: exit 1 if the committed block differs.")
+                                   "results/{budget,cpu,costs,cdp,wash}, and the block between its benchmarks markers by a render "
+                                   "of results/benchmarks/*.json (benchmarks run with --record); --check: exit 1 if "
+                                   "a committed block differs.")
     p.add_argument("--readme", default="README.md")
     p.add_argument("--results", default="results", help="the results root (default %(default)s)")
     p.add_argument("--check", action="store_true", help="only check; change nothing")
