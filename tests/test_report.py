@@ -352,6 +352,73 @@ def test_budget_profiles_render_table_2_at_their_largest_budget(budget, cost_tab
     assert tmp_path / "figures" / "budget_gap.png" in paths
 
 
+# --- several depths in one budget profile: RevNet18's 10 stages, RevNet34's 18 ---------------------
+DEPTH_PROFILE = {
+    "profile": "fakedepth", "run_name": "{method}-k{k}-seed{seed}-e{epochs}",
+    "train": {"dataset": "cifar10", "data_source": "nowhere.tar.gz", "width": 8, "batch_size": 32},
+    "grid": [{"arch": "revnet18", "method": ["backprop", "petra"], "k": 1, "seed": 0, "epochs": [2, 4, 8]},
+             {"arch": "revnet34", "method": ["backprop", "petra"], "k": 1, "seed": [0, 1], "epochs": [2, 4]},
+             {"arch": "resnet34", "method": "backprop", "k": 1, "seed": 0, "epochs": 4}],
+}
+DEPTH_GAP = {"revnet18": {2: -20.0, 4: -10.0, 8: -5.0}, "revnet34": {2: -30.0, 4: -20.0}}
+STAGES = {"revnet18": "S R R D R D R D R H", "revnet34": "S " + "R " * 16 + "H", "resnet34": "S " + "B " * 16 + "H"}
+
+
+def write_depth_run(run_dir, cfg):
+    top1 = 70.0 + cfg["epochs"] + cfg["seed"]
+    if cfg["method"] != "backprop":
+        top1 += DEPTH_GAP[cfg["arch"]][cfg["epochs"]]
+    kinds = STAGES[cfg["arch"]]
+    history = [{"epoch": e, "train_loss": 1.0, "train_acc": top1 + 10, "test_loss": 1.0, "top1": top1, "top5": 99.0,
+                "lr": 0.1, "images_per_s": 1.0, "wall_time_s": 1.0, "eval_time_s": 0.1} for e in range(1, cfg["epochs"] + 1)]
+    n = len(kinds.split())
+    metrics = {"top1": top1, "top5": 99.0, "test_loss": 1.0, "train_loss": 1.0, "train_acc": top1 + 10,
+               "best_top1": top1, "top1_last10_mean": top1, "epochs": cfg["epochs"],
+               "optimizer_steps": 250 * cfg["epochs"], "images_per_s": 1.0, "wall_time_s": 1.0, "params": 300_000,
+               "peak_kept_bytes": [(2_000_000 if cfg["method"] == "backprop" else 500_000)] * n, "stages": n,
+               "stage_kinds": kinds, "top1_bn_reestimated": top1}
+    write_records(run_dir, cfg, metrics, history)
+
+
+@pytest.fixture(scope="module")
+def depth(tmp_path_factory):
+    return profile_results(tmp_path_factory, DEPTH_PROFILE, write_depth_run)
+
+
+def test_a_budget_profile_of_several_depths_has_a_series_and_a_trend_per_depth(depth, cost_tables, tmp_path):
+    """RevNet34 (18 stages) next to RevNet18 (10): one table and one trend per model, each model at
+    its own largest budget in Table 2 (RevNet34 stops at 4 epochs), ResNet34 beside them, and the
+    bytes kept against backprop's in Table 3's measured part."""
+    from petra_core.report.budget import at_largest_budget, gap_frame, trend
+
+    frame = gap_frame(depth["summary"], depth["results"])
+    assert set(zip(frame.arch, frame.num_stages)) == {("revnet18", 10), ("revnet34", 18)}
+    with pytest.raises(ValueError, match="several models"):
+        trend(frame, "petra", 1, 234375)
+    deep = trend(frame, "petra", 1, 234375, arch="revnet34")
+    assert deep["kind"] == "power" and deep["factor_per_doubling"] == pytest.approx(20 / 30)
+    largest = at_largest_budget(depth["summary"]).set_index(["arch", "method"]).epochs
+    assert largest.to_dict() == {("revnet18", "backprop"): 8, ("revnet18", "petra"): 8, ("revnet34", "backprop"): 4,
+                                 ("revnet34", "petra"): 4, ("resnet34", "backprop"): 4}
+    context = tables.budget_context(depth, "fakedepth")
+    assert [(m["model"], m["num_stages"]) for m in context["models"]] == [("RevNet18", 10), ("RevNet34", 18)]
+    out = tmp_path / "results"
+    results.write({name: depth[name] for name in results.FRAMES}, out)
+    tables.render_all(out, cost_tables, tmp_path, profile="fakedepth")
+    gap = (tmp_path / "budget_gap.md").read_text()
+    assert "#### RevNet34, 18 stages" in gap and "| RevNet34: PETRA k=1 | as trained | × 0.67" in gap
+    t2 = (tmp_path / "table2_accuracy.md").read_text()
+    assert "| Backprop | ResNet34 |" in t2 and "| PETRA | RevNet34 |" in t2 and "95.3" in t2  # the paper's RevNet34
+    assert "| 74.50 ± 0.71 (n = 2) |" in t2  # RevNet34 backprop at its own largest budget, 4 epochs
+    t3 = (tmp_path / "table3_memory.md").read_text()
+    assert "| CIFAR-10 | RevNet34 | 8 | PETRA | 1 | 9.0 | 0.25 |" in t3
+    from petra_core.report.figures import budget_gap
+
+    fig = budget_gap(depth["summary"], depth["results"], "fakedepth", load_paper_reference())
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any(label.startswith("RevNet34 (18 stages): PETRA k=1") for label in labels)
+
+
 # --- replica rules (the cdp profile) -------------------------------------------------------------
 RULE_PROFILE = {
     "profile": "fakecdp", "run_name": "{replica_rule}-seed{seed}",

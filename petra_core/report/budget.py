@@ -23,11 +23,17 @@ def varies_budget(summary: pd.DataFrame) -> bool:
     return "epochs" in summary.columns and summary.epochs.nunique() > 1
 
 
+MODEL = ["dataset", "arch", "width"]  # what one gap-against-budget series is of
+
+
 def at_largest_budget(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the longest training, where a profile varies the budget (else all rows)."""
+    """The rows of each model's longest training, where a profile varies the budget (else all
+    rows): a deeper model may stop at a smaller budget than RevNet18's."""
     if frame.empty or not varies_budget(frame):
         return frame
-    return frame[frame.epochs == frame.epochs.max()]
+    keys = [k for k in MODEL if k in frame.columns]
+    largest = frame.groupby(keys, dropna=False).epochs.transform("max") if keys else frame.epochs.max()
+    return frame[frame.epochs == largest]
 
 
 def paper_point(reference: dict) -> dict:
@@ -42,7 +48,7 @@ def paper_point(reference: dict) -> dict:
 
 def gap_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
     """One row per (dataset, arch, width, method, k, budget) of a method other than backprop."""
-    minibatches = (results.optimizer_steps * results.k).groupby(results.epochs).max()
+    minibatches = (results.optimizer_steps * results.k).groupby(results.epochs).max()  # the same for every model
     rows = []
     for r in summary.to_dict("records"):
         if r["method"] == "backprop":
@@ -53,6 +59,7 @@ def gap_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
             continue
         bp = bp.iloc[0].to_dict()
         row = {key: r[key] for key in ("dataset", "arch", "width", "method", "k", "epochs", "n")}
+        row["num_stages"] = int(results[results.arch == r["arch"]].num_stages.iloc[0]) if "num_stages" in results else None
         row.update(minibatches=int(minibatches[r["epochs"]]), backprop_n=int(bp["n"]))
         for metric in METRICS:
             mean, std = r[f"{metric}_mean"], r[f"{metric}_std"]
@@ -62,10 +69,11 @@ def gap_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
                         f"backprop_{metric}_std": b_std, f"gap_{metric}": mean - b_mean,
                         f"gap_{metric}_err": math.sqrt(sum(s * s for s in spread)) if spread else float("nan")})
         rows.append(row)
-    return pd.DataFrame(rows).sort_values(["method", "k", "minibatches"], ignore_index=True) if rows else pd.DataFrame()
+    return pd.DataFrame(rows).sort_values(["arch", "method", "k", "minibatches"], ignore_index=True) if rows else pd.DataFrame()
 
 
-def trend(frame: pd.DataFrame, method: str, k: int, at: float, metric: str = "top1") -> dict | None:
+def trend(frame: pd.DataFrame, method: str, k: int, at: float, metric: str = "top1", arch: str | None = None
+          ) -> dict | None:
     """How the gap of (method, k) shrinks with the budget, and what that predicts at ``at`` minibatches.
 
     With every gap negative: least squares of log|gap| on log(minibatches), a power law whose
@@ -76,12 +84,19 @@ def trend(frame: pd.DataFrame, method: str, k: int, at: float, metric: str = "to
     log2(minibatches). ``monotonic``: the gap shrank at every step. The fit uses the mean gaps;
     ``uncertainty`` (:func:`fit_uncertainty`) says how far the seeds' spread moves it.
     """
-    g = frame[(frame.method == method) & (frame.k == k)].sort_values("minibatches")
+    g = frame[(frame.method == method) & (frame.k == k)]
+    if arch is not None:
+        g = g[g.arch == arch]
+    elif "arch" in g and g.arch.nunique() > 1:
+        raise ValueError(f"the gaps of {method} k={k} are of several models ({', '.join(sorted(g.arch.unique()))}): "
+                         f"name the arch")
+    g = g.sort_values("minibatches")
     if g.minibatches.nunique() < 2:
         return None
     x, gap = np.log2(g.minibatches.to_numpy(float)), g[f"gap_{metric}"].to_numpy(float)
     err = g[f"gap_{metric}_err"].to_numpy(float) if f"gap_{metric}_err" in g else np.full(gap.size, np.nan)
-    out = {"method": method, "k": k, "at": at, "monotonic": bool((np.diff(gap) > 0).all()), "budgets": int(gap.size)}
+    out = {"method": method, "k": k, "arch": arch, "at": at, "monotonic": bool((np.diff(gap) > 0).all()),
+           "budgets": int(gap.size)}
     if gap[-1] >= 0:
         below = np.flatnonzero(gap < 0)
         first = 0 if below.size == 0 else int(below[-1]) + 1

@@ -159,14 +159,21 @@ def budget_gap(summary: pd.DataFrame, results: pd.DataFrame, profile: str, refer
     frame = gap_frame(summary, results)
     paper = paper_point(reference)
     fig, axes = _panels(list(METRICS), width=5.2, height=3.8)
-    palette = sns.color_palette("deep", 6)
+    palette = sns.color_palette("deep", 10)
+    archs = list(dict.fromkeys(frame.sort_values("num_stages").arch)) if "num_stages" in frame else list(frame.arch.unique())
+    several = len(archs) > 1  # one series per depth: RevNet18's 10 stages, RevNet34's and RevNet50's 18
     for ax, (metric, what) in zip(axes, METRICS.items()):
-        for (method, k), g in frame.groupby(["method", "k"], sort=True):
-            color = palette[SERIES_COLORS.get(method, 5)]
+        for (arch, method, k), g in frame.groupby(["arch", "method", "k"], sort=True):
+            depth = archs.index(arch)
+            color = palette[(SERIES_COLORS.get(method, 5) + 3 * depth) % len(palette)] if several else \
+                palette[SERIES_COLORS.get(method, 5)]
+            name = labels.run_label(method, k)
+            if several:
+                name = f"{labels.model_label(arch)} ({int(g.num_stages.iloc[0])} stages): {name}"
             ax.errorbar(g.minibatches, g[f"gap_{metric}"], yerr=g[f"gap_{metric}_err"].fillna(0), capsize=3,
-                        marker="o" if k == 1 else "s", ls="-" if len(g) > 1 else "none", color=color,
-                        label=f"{labels.run_label(method, k)}" + (f" (n = {int(g.n.max())})" if g.n.max() > 1 else ""))
-            fit = trend(frame, method, k, paper["minibatches"], metric)
+                        marker="os^D"[depth % 4] if k == 1 else "s", ls=["-", "--", "-."][depth % 3] if len(g) > 1 else "none",
+                        color=color, label=name + (f" (n = {int(g.n.max())})" if g.n.max() > 1 else ""))
+            fit = trend(frame, method, k, paper["minibatches"], metric, arch=arch)
             if fit is not None and fit["kind"] != "closed":
                 xs = np.geomspace(g.minibatches.max(), paper["minibatches"], 20)
                 ax.plot(xs, trend_curve(fit, xs), ls=":", color=color,
@@ -179,7 +186,8 @@ def budget_gap(summary: pd.DataFrame, results: pd.DataFrame, profile: str, refer
                title=f"top-1 {what}")
         ax.legend(fontsize="x-small", loc="lower right")
     first = frame.iloc[0]
-    fig.suptitle(f"Gap to backprop against training budget — {labels.model_label(first.arch)} width "
+    models = ", ".join(labels.model_label(a) for a in archs)
+    fig.suptitle(f"Gap to backprop against training budget — {models} width "
                  f"{int(first.width)}, {labels.DATASET_LABELS.get(first.dataset, first.dataset)} (profile {profile}; "
                  f"error bars: sd over seeds)", y=1.02)
     return fig

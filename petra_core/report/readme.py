@@ -47,6 +47,10 @@ def budget_part(frames: dict) -> dict | None:
     context = budget_context(frames, "budget", load_paper_reference())
     if not context["applies"]:
         return None
+    model = next((m for m in context["models"] if m["arch"] == "revnet18"), None)  # the 10-stage headline
+    if model is None:
+        return None
+    context = {**context, **model}
     index = {(s["method"], s["k"]): i for i, s in enumerate(context["series"])}
 
     def gaps(method, k):

@@ -143,6 +143,10 @@ def table3_context(costs: dict, frames: dict | None, profile: str | None, refere
                              "width": int(r.width), "method": labels.METHOD_LABELS.get(r.method, r.method), "k": int(r.k),
                              "total_mb": r.kept_total_mb_mean, "max_mb": r.kept_max_mb_mean, "n": int(r.n)})
         measured.sort(key=lambda m: (m["model"], m["method"], m["k"]))
+        backprop = {(m["dataset"], m["model"], m["width"]): m["total_mb"] for m in measured if m["method"] == "Backprop"}
+        for m in measured:  # what a method keeps against backprop's kept graph, same model
+            base = backprop.get((m["dataset"], m["model"], m["width"]))
+            m["vs_backprop"] = m["total_mb"] / base if base else None
     return {"rows": rows, "arch": labels.model_label(ref["arch"]), "batch": int(first.batch), "k": int(first.k),
             "image_size": int(first.image_size), "J": int(first.num_stages), "paper_source": ref["source"],
             "params_ours": int(costs["info"]["table3_params"]), "params_authors": int(ref["params_authors"]),
@@ -150,19 +154,34 @@ def table3_context(costs: dict, frames: dict | None, profile: str | None, refere
 
 
 def budget_context(frames: dict, profile: str, reference: dict | None = None) -> dict:
-    """Per training budget: backprop, every other method's top-1 and its gap, as trained and with
-    batch-norm statistics re-estimated; the trend of each gap, extrapolated to the paper's budget."""
+    """Per model (one per depth: RevNet18's 10 stages, RevNet34's and RevNet50's 18) and training
+    budget: backprop, every other method's top-1 and its gap, as trained and with batch-norm
+    statistics re-estimated; the trend of each gap, extrapolated to the paper's budget."""
     reference = reference or load_paper_reference()
     summary = frames["summary"]
     paper = paper_point(reference)
     context = {"profile": profile, "applies": varies_budget(summary), "paper": paper, "metrics": METRICS,
-               "series": [], "rows": [], "trends": [], "setting": "", "draws": DRAWS}
+               "models": [], "setting": "", "draws": DRAWS}
     if not context["applies"]:
         return context
     frame = gap_frame(summary, frames["results"])
+    if frame.empty:
+        return context
+    for (dataset, arch, width), g in frame.groupby(["dataset", "arch", "width"], sort=False):
+        context["models"].append(_budget_model(g, arch, paper))
+    context["models"].sort(key=lambda m: (m["num_stages"] or 0, m["arch"]))
+    context["setting"] = describe_runs(frames["results"])
+    return context
+
+
+def _budget_model(frame: pd.DataFrame, arch: str, paper: dict) -> dict:
+    """One model's gap-against-budget rows and trends."""
     series = [(m, int(k)) for m, k in frame[["method", "k"]].drop_duplicates().itertuples(index=False)]
     series.sort(key=lambda s: (labels.METHOD_ORDER.index(s[0]) if s[0] in labels.METHOD_ORDER else 99, s[1]))
-    context["series"] = [{"label": labels.run_label(m, k), "method": m, "k": k} for m, k in series]
+    stages = frame.num_stages.iloc[0] if "num_stages" in frame else None
+    model = {"arch": arch, "model": labels.model_label(arch), "num_stages": None if pd.isna(stages) else int(stages),
+             "series": [{"label": labels.run_label(m, k), "method": m, "k": k} for m, k in series],
+             "rows": [], "trends": []}
     for (minibatches, epochs), g in frame.groupby(["minibatches", "epochs"], sort=True):
         first = g.iloc[0]
         row = {"minibatches": int(minibatches), "epochs": int(epochs), "cells": {}}
@@ -171,14 +190,13 @@ def budget_context(frames: dict, profile: str, reference: dict | None = None) ->
                 "backprop": {"mean": first[f"backprop_{metric}"], "std": first[f"backprop_{metric}_std"],
                              "n": int(first.backprop_n)},
                 "series": [_series_cell(g, m, k, metric) for m, k in series]}
-        context["rows"].append(row)
+        model["rows"].append(row)
     for m, k in series:
         for metric in METRICS:
-            fit = trend(frame, m, k, paper["minibatches"], metric)
+            fit = trend(frame, m, k, paper["minibatches"], metric, arch=arch)
             if fit is not None:
-                context["trends"].append({**fit, "label": labels.run_label(m, k), "metric": METRICS[metric]})
-    context["setting"] = describe_runs(frames["results"])
-    return context
+                model["trends"].append({**fit, "label": labels.run_label(m, k), "metric": METRICS[metric]})
+    return model
 
 
 def _series_cell(g: pd.DataFrame, method: str, k: int, metric: str) -> dict:
