@@ -54,8 +54,8 @@ class Cell:
     shard: ShardedOptimizer
     versions: dict = field(default_factory=dict)  # Key -> Tensor (flat, R·S) or Future of one
     loaded: Key = ("theta", 0)  # the version the stage's parameters hold
-    stash: Tensor | None = None  # acco: the first half's gradient sum (/k) of the step under way
-    peak: int = 0  # the most bytes of versions and stash held at once (measured before each forward)
+    tentative: int = -1  # acco: the last step whose tentative round was asked for
+    peak: int = 0  # the most bytes of weight versions held at once (measured before each forward)
 
 
 @dataclass
@@ -120,8 +120,7 @@ class ShardedRule(ReplicaRule):
                     if key[1] < copy.steps or (key[1] == copy.steps and key not in (wanted, ("theta", copy.steps)))]:
             cell.versions.pop(key)  # acco's θ̃_t once its first half is done
         flat = cell.layout.replicas * cell.layout.S * cell.layout.params[0].element_size()
-        held = flat * len(cell.versions) + (0 if cell.stash is None else cell.stash.numel() * cell.stash.element_size())
-        cell.peak = max(cell.peak, held)
+        cell.peak = max(cell.peak, flat * len(cell.versions))
 
     def settle(self, copy, group) -> None:
         """Before anyone reads the weights: the stage holds the real weights of its step."""
@@ -136,7 +135,7 @@ class ShardedRule(ReplicaRule):
             cell = Cell(layout, ShardedOptimizer(copy.optimizer, layout, copy.replica))
             cell.versions[("theta", 0)] = layout.values()
             self.initial(cell)
-            self._restore(key, cell)  # a resumed run: the checkpoint's shard, versions and stash
+            self._restore(key, cell)  # a resumed run: the checkpoint's shard and versions
             self.cells[key] = cell
         return self.cells[key]
 
@@ -206,7 +205,7 @@ class ShardedRule(ReplicaRule):
     def memory_bytes(self) -> dict[str, int]:
         """Bytes one replica holds besides its stages' parameters and gradients (the replica that
         holds most): its shards' optimizer state, the shards' own float copies of their scalars, and
-        the most the weight versions and the gradient stash took at once."""
+        the most the weight versions took at once."""
         per: dict[int, dict[str, int]] = {}
         for (_, r), cell in self.cells.items():
             row = per.setdefault(r, {"optimizer_state": 0, "shard": 0, "versions": 0})
@@ -221,7 +220,7 @@ class ShardedRule(ReplicaRule):
         self.drain()
         return {key: {"shard": cell.shard.state_dict(), "loaded": cell.loaded, "peak": cell.peak,
                       "versions": {k: v.detach().cpu() for k, v in cell.versions.items()},
-                      "stash": None if cell.stash is None else cell.stash.cpu()}
+                      "tentative": cell.tentative}
                 for key, cell in self.cells.items()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -235,7 +234,7 @@ class ShardedRule(ReplicaRule):
         cell.shard.load_state_dict(_on(saved["shard"], device))
         cell.versions = {tuple(k): v.to(device) for k, v in saved["versions"].items()}
         cell.loaded, cell.peak = tuple(saved["loaded"]), saved.get("peak", 0)
-        cell.stash = None if saved["stash"] is None else saved["stash"].to(device)
+        cell.tentative = saved.get("tentative", -1)
 
     def close(self) -> None:
         if self._thread is not None:
@@ -333,17 +332,15 @@ class ACCO(ShardedRule):
 
     def before_forward(self, copy, group) -> None:
         cell = self.cell(copy, group)
-        if copy.pending == self.half(copy) and cell.stash is None:  # the first half is done
-            cell.stash = cell.layout.grads()  # Σ over the half of ∇ℓ / k
-            for p in cell.layout.params:
-                p.grad = None
-            mean_of_half = cell.stash * (copy.k / self.half(copy))
+        if copy.pending == self.half(copy) and cell.tentative < copy.steps:  # the first half is done
+            cell.tentative = copy.steps
+            # the gradients go on accumulating over the second half (as in the authors' code): the
+            # real round sends the sum of both halves; the tentative one the first half's mean
+            mean_of_half = cell.layout.grads() * (copy.k / self.half(copy))
             self.ask(copy, group, "tentative", mean_of_half, [("tentative", ("tilde", copy.steps + 1))])
         super().before_forward(copy, group)
 
     def step_round(self, copy, cell):
-        grad = cell.layout.grads()  # the second half (a last partial step: already scaled by k / pending)
-        if cell.stash is not None:  # (else a partial last step that ended within its first half)
-            grad = grad + cell.stash * (copy.k / copy.pending)
-            cell.stash = None
-        return grad, [("real", ("theta", copy.steps + 1))]
+        # both halves' gradients, the mean over the step's k micro-batches (a partial last step: the
+        # runner has scaled them by k / pending already)
+        return cell.layout.grads(), [("real", ("theta", copy.steps + 1))]
