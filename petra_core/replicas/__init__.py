@@ -1,10 +1,13 @@
 """Replica rules: what the R replicas of a pipeline stage do together around its optimizer step.
 
 A rule is a small policy object, independent of the storage policy (``petra_core.methods``) and
-combinable with every method: :class:`ReplicaRule` names its two hooks (before and after a
-stage's step); ``dp`` (``rule.py``) and Cyclic Data Parallelism's ``cdp1`` and ``cdp2``
-(``cdp.py``) are the rules; :class:`ReplicaGroup` is what it may ask of the R copies of one stage (collectives
-over the replica axis of the mesh), and ``REPLICA_RULES`` lists the rules by name.
+combinable with every method: :class:`ReplicaRule` names its hooks (``rule.py``); ``dp``
+(``rule.py``), Cyclic Data Parallelism's ``cdp1`` and ``cdp2`` (``cdp.py``), the populations
+``independent``, ``papa`` and ``wash`` (``population.py``) and the sharded-optimizer rules
+``zero1``, ``dpu``, ``wp`` and ACCO's ``acco`` (``acco.py``, over ``sharded.py``; ACCO's timing
+mode on ranks: ``timing.py``) are the rules. :class:`ReplicaGroup` is what a rule may ask of the
+R copies of one stage (collectives over the replica axis of the mesh), and ``REPLICA_RULES``
+lists the rules by name.
 """
 from .cdp import CDP1, CDP2, CyclicDataParallel
 from .registry import REPLICA_RULES, get_rule
