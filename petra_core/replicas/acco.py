@@ -85,6 +85,7 @@ class ShardedRule(ReplicaRule):
         self.record = False  # keep the mean gradient each real round applied (tests)
         self.applied: dict[tuple[int, int, int], Tensor] = {}  # (stage, replica, step) -> applied mean gradient
         self._thread: ThreadPoolExecutor | None = None
+        self._saved: dict = {}  # a loaded checkpoint's cells, taken by each cell when it is built
 
     # ---- the rule's own schedule (what subclasses change) -----------------------------------------
     def wanted(self, copy) -> Key:
@@ -227,11 +228,11 @@ class ShardedRule(ReplicaRule):
         self._saved = dict(state)  # the cells are built at first use (they need the copies' optimizers)
 
     def _restore(self, key: tuple[int, int], cell: Cell) -> None:
-        saved = getattr(self, "_saved", {}).pop(key, None)
+        saved = self._saved.pop(key, None)
         if saved is None:
             return
         device = cell.layout.params[0].device
-        cell.shard.load_state_dict(_on(saved["shard"], device))
+        cell.shard.load_state_dict(saved["shard"])  # copied onto the shard's device, its state cast by torch
         cell.versions = {tuple(k): v.to(device) for k, v in saved["versions"].items()}
         cell.loaded, cell.peak = tuple(saved["loaded"]), saved.get("peak", 0)
         cell.tentative = saved.get("tentative", -1)
@@ -243,16 +244,6 @@ class ShardedRule(ReplicaRule):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
-
-
-def _on(obj, device):
-    if isinstance(obj, Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: _on(v, device) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_on(v, device) for v in obj]
-    return obj
 
 
 class _Later:

@@ -23,6 +23,8 @@ import inspect
 import torch
 from torch import Tensor, nn
 
+from .rule import flat_grads
+
 # the keys of a parameter group that are not hyper-parameters of the optimizer's update
 _NOT_SETTINGS = ("params", "initial_lr")
 
@@ -49,29 +51,19 @@ class FlatLayout:
         lo = min(self.n, replica * self.S)
         return lo, min(self.n, lo + self.S)
 
-    def flatten(self, tensors: list[Tensor | None]) -> Tensor:
-        """One padded flat vector (R·S floats) of per-parameter tensors (None: zeros)."""
-        like = self.params[0]
-        parts = [(t if t is not None else torch.zeros_like(p)).detach().reshape(-1)
-                 for t, p in zip(tensors, self.params)]
+    def _padded(self, flat: Tensor) -> Tensor:
+        """``flat`` (n floats) with zeros up to R·S."""
         pad = self.replicas * self.S - self.n
-        if pad:
-            parts.append(torch.zeros(pad, dtype=like.dtype, device=like.device))
-        return torch.cat(parts)
+        return torch.cat([flat, flat.new_zeros(pad)]) if pad else flat
 
     def values(self) -> Tensor:
-        return self.flatten(list(self.params))
+        """The parameters as one padded flat vector (R·S floats)."""
+        return self._padded(torch.cat([p.detach().reshape(-1) for p in self.params]))
 
     def grads(self) -> Tensor:
-        return self.flatten([p.grad for p in self.params])
-
-    def load_grads(self, flat: Tensor) -> None:
-        """Write a flat vector into the parameters' gradients."""
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = flat[offset:offset + n].view(p.shape).clone(memory_format=torch.preserve_format)
-            offset += n
+        """The gradients as one padded flat vector (:func:`~.rule.flat_grads`: zeros where none);
+        :func:`~.rule.set_grads` writes one back."""
+        return self._padded(flat_grads(self.params))
 
     @torch.no_grad()
     def load(self, flat: Tensor) -> None:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .rule import set_grads
 from .sharded import FlatLayout, ShardedOptimizer
 
 METHODS = ("ddp", "zero1", "acco")
@@ -127,7 +128,7 @@ def run_ddp(w: Worker, coll: Collectives, steps: int, n: int) -> list[dict]:
         c0 = time.perf_counter()
         flat = coll.all_reduce_sum(w.layout.grads()) / (coll.size * count)
         comm = time.perf_counter() - c0
-        w.layout.load_grads(flat)
+        set_grads(w.layout.params, flat)
         w.optimizer.step()
         w.zero_grad()
         out.append(_record(t0, compute, comm, count))

@@ -15,7 +15,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from ..reference import load_paper_reference
 from . import labels
 from .labels import describe_runs
-from .budget import DRAWS, METRICS, at_largest_budget, gap_frame, paper_point, trend, varies_budget
+from .budget import DRAWS, METRICS, MODEL, at_largest_budget, gap_frame, paper_point, trend, varies_budget
 from .replicas import rule_context
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -167,7 +167,7 @@ def budget_context(frames: dict, profile: str, reference: dict | None = None) ->
     frame = gap_frame(summary, frames["results"])
     if frame.empty:
         return context
-    for (dataset, arch, width), g in frame.groupby(["dataset", "arch", "width"], sort=False):
+    for (_, arch, _), g in frame.groupby(MODEL, sort=False):
         context["models"].append(_budget_model(g, arch, paper))
     context["models"].sort(key=lambda m: (m["num_stages"] or 0, m["arch"]))
     context["setting"] = describe_runs(frames["results"])
