@@ -632,10 +632,35 @@ def test_the_readmes_benchmarks_are_rendered_from_benchmark_records(tmp_path, mo
     assert "× a plain PyTorch loop" in block and "× our backprop (ideal FLOP ratio 1.33)" in block
     assert "petra 1.38 (ideal 1.33)" in block and "petra 1.50" in block
     assert "1.80 × the images/s of one process with 1 thread" in block
-    busy = json.loads((tmp_path / "results" / "benchmarks" / "bench_dp-fake.json").read_text())
-    busy["load_average_before"] = [1.9, 1.5, 1.2]
-    (tmp_path / "results" / "benchmarks" / "bench_dp-fake.json").write_text(json.dumps(busy))
-    assert "load average 1.90: **a busy machine**" in render_benchmarks(tmp_path / "results")
+    record = tmp_path / "results" / "benchmarks" / "bench_dp-fake.json"
+    for other, says in [(0.02, "other processes used 0.02 cores meanwhile)"),
+                        (1.9, "other processes used 1.90 cores meanwhile: **a busy machine**")]:
+        rec = json.loads(record.read_text())
+        rec["other_cpu_cores"] = other
+        record.write_text(json.dumps(rec))
+        assert says in render_benchmarks(tmp_path / "results")
+
+
+def test_a_benchmark_record_measures_the_cpu_other_processes_use():
+    """The recorder subtracts its own process's (and waited children's) CPU from the machine's: a
+    process it did not start, spinning meanwhile, shows up as other processes' cores; the load
+    average, which the benchmark's own threads raise, does not decide."""
+    import subprocess
+    import sys
+    import time
+
+    from petra_core.report.benchmarks import Recorder
+
+    rec = Recorder("bench_fake", "other")
+    if rec.other_cpu() is None:
+        pytest.skip("no /proc/stat: other processes' CPU is not measured here")
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"])
+    try:
+        time.sleep(1.5)
+        assert rec.other_cpu() > 0.3  # the spinner is not this process's (it has not been waited for)
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def test_the_readmes_results_are_what_the_committed_records_give():
