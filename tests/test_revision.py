@@ -62,3 +62,22 @@ def test_the_train_rule_checks_the_revision_before_training():
     rule = (Path(__file__).resolve().parents[1] / "workflow/rules/train.smk").read_text()
     assert 'check="petra revision --check &&" if REQUIRE_CLEAN_REVISION' in rule
     assert "( {params.check} petra with-gpus" in rule
+
+
+def test_a_writers_own_records_do_not_make_its_revision_dirty(repo):
+    """runio.git_revision(outputs=...): a benchmark rewriting its committed record leaves the next
+    benchmark's revision clean; any other change, from any folder, still makes it dirty."""
+    from petra_core.run.runio import git_revision
+
+    (repo / "results" / "benchmarks").mkdir(parents=True)
+    (repo / "results" / "benchmarks" / "bench.json").write_text("{}\n")
+    git("add", "results", cwd=repo)
+    git("commit", "-q", "-m", "a record", cwd=repo)
+    head = git_revision(repo=repo)
+    assert not head.endswith("-dirty")
+    (repo / "results" / "benchmarks" / "bench.json").write_text('{"again": 1}\n')
+    assert git_revision(repo=repo) == head + "-dirty"
+    assert git_revision(outputs=("results/benchmarks",), repo=repo) == head
+    assert git_revision(outputs=("results/benchmarks",), repo=repo / "results") == head  # paths from the top
+    (repo / "code.py").write_text("x = 2\n")
+    assert git_revision(outputs=("results/benchmarks",), repo=repo / "results") == head + "-dirty"

@@ -72,7 +72,7 @@ class Recorder:
         runio.write_json(self.path, {
             "benchmark": self.benchmark, "variant": self.variant,
             "command": shlex.join(["python", *[os.path.relpath(a) if a.endswith(".py") else a for a in sys.argv]]),
-            "measured_at": self.started.isoformat(timespec="seconds"), "git_revision": runio.git_revision(),
+            "measured_at": self.started.isoformat(timespec="seconds"), "git_revision": runio.git_revision(outputs=(BENCHMARK_RESULTS,)),
             "torch": torch.__version__, "cpu_model": runio.cpu_model(), "cpu_count": os.cpu_count(),
             "other_cpu_cores": _round(self.other_cpu()), "load_average_before": self.load_before,
             "load_average_after": _load_average(), "result": result})

@@ -146,11 +146,17 @@ def load_checkpoint(path: Path) -> dict:
     return state
 
 
-def git_revision() -> str | None:
-    here = Path(__file__).resolve().parent
+def git_revision(outputs: tuple[str, ...] = (), repo: Path | None = None) -> str | None:
+    """HEAD, with ``-dirty`` if a tracked file differs from it. ``outputs`` (paths from the repository's
+    top) do not count: a writer's own records, such as the benchmark records that a second benchmark
+    run would otherwise find changed by the first. ``repo``: any folder in the repository (default: this
+    package's)."""
+    here = Path(repo) if repo is not None else Path(__file__).resolve().parent
+    exclude = [f":(top,exclude){path}" for path in outputs]
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                *([":/"] + exclude if exclude else [])], cwd=here,
                                capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
