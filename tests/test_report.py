@@ -544,6 +544,23 @@ def test_populations_are_tabled_with_their_communication_against_papas(populatio
     assert fig.axes[0].get_xscale() == "log"
 
 
+def test_the_population_verdict_is_the_datas(populations):
+    """"Does the averaged WASH model reach the ensemble" is answered from the records: WASH's main
+    setting (most seeds) against its own ensemble and the independent models', within the larger sd."""
+    from petra_core.report.population import _reaches, population_context, population_frame, verdicts
+    from petra_core.report.tables import render
+
+    (v,) = verdicts(population_frame(populations["summary"]))
+    assert v["wash"] == "WASH (p = 0.01)" and v["n"] == 2  # p = 0.05 has one seed
+    assert v["average"] == pytest.approx(74.0) and v["ensemble"] == pytest.approx(74.5)
+    assert v["gap_own"] == pytest.approx(-0.5) and v["reaches_own"]  # sd of the average 0.71 > 0.5
+    assert v["independent_ensemble"] == pytest.approx(74.0) and v["naive_average"] == pytest.approx(10.0)
+    assert v["papa_average"] == pytest.approx(72.5) and v["floats_vs_papa"] == pytest.approx(0.08)
+    assert not _reaches(74.0, 0.2, 75.0, 0.3) and _reaches(74.8, 0.2, 75.0, float("nan"))
+    md = render("populations", "md", population_context(populations, "fakewash"))
+    assert "against its own ensemble 74.50 ± 0.00 (n = 2) (-0.50: reaches it)" in md, md
+
+
 # --- ACCO and its baselines (the acco profile) -------------------------------------------------------
 ACCO_PROFILE = {
     "profile": "fakeacco", "run_name": "{optimizer}-{replica_rule}-seed{seed}",

@@ -61,6 +61,54 @@ def population_frame(summary: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(["dataset", "arch", "order", "p"], ignore_index=True).drop(columns="order")
 
 
+CHANCE = {"cifar10": 10.0, "imagenet32": 0.1, "imagenet": 0.1}  # top-1 (%) of a constant guess
+AVERAGE, ENSEMBLE = "pop_average_top1_bn_reestimated", "pop_ensemble_top1"
+
+
+def _main(rows: pd.DataFrame):
+    """A rule's main setting: the one with most seeds (the first, in p order, on a tie)."""
+    return None if rows.empty else rows.loc[rows.n.idxmax()]
+
+
+def _reaches(mean: float, std: float, target: float, target_std: float) -> bool:
+    """Within noise: the mean is at least the target less the larger sd (0 where n = 1)."""
+    spread = max(0.0 if pd.isna(std) else std, 0.0 if pd.isna(target_std) else target_std)
+    return bool(mean >= target - spread)
+
+
+def verdicts(frame: pd.DataFrame) -> list[dict]:
+    """Per model: does WASH's averaged model (BN re-estimated) reach its own ensemble and the
+    ensemble of independent models, how it compares with PAPA's, at what fraction of PAPA's floats,
+    and what the naive average of independent models gives. Computed from the records, so the
+    sentence the report prints is the data's, not an author's."""
+    out = []
+    for (dataset, arch), g in frame.groupby(["dataset", "arch"], sort=False):
+        wash, papa = _main(g[g.rule == "wash"]), _main(g[g.rule == "papa"])
+        independent = g[g.rule == "independent"]
+        control = independent[independent.label == "Independent"]
+        control = _main(control if not control.empty else independent)
+        if wash is None:
+            continue
+        v = {"model": model_label(arch), "wash": wash.label, "chance": CHANCE.get(dataset), "n": int(wash.n),
+             "average": wash[AVERAGE], "average_std": wash[f"{AVERAGE}_std"],
+             "average_raw": wash["pop_average_top1"], "ensemble": wash[ENSEMBLE],
+             "ensemble_std": wash[f"{ENSEMBLE}_std"], "members": wash["pop_members_top1_mean"]}
+        v["gap_own"] = v["average"] - v["ensemble"]
+        v["reaches_own"] = _reaches(v["average"], v["average_std"], v["ensemble"], v["ensemble_std"])
+        if control is not None:
+            v.update(independent=control.label, independent_n=int(control.n), independent_ensemble=control[ENSEMBLE],
+                     independent_members=control["pop_members_top1_mean"],
+                     naive_average=control["pop_average_top1"], naive_average_bn=control[AVERAGE])
+            v["gap_independent"] = v["average"] - v["independent_ensemble"]
+            v["reaches_independent"] = _reaches(v["average"], v["average_std"], control[ENSEMBLE],
+                                                control[f"{ENSEMBLE}_std"])
+        if papa is not None:
+            v.update(papa=papa.label, papa_n=int(papa.n), papa_average=papa[AVERAGE],
+                     papa_average_std=papa[f"{AVERAGE}_std"], floats_vs_papa=wash.floats_vs_papa)
+        out.append(v)
+    return out
+
+
 def population_context(frames: dict, profile: str) -> dict:
     summary = frames["summary"]
     context = {"profile": profile, "gathered": not summary.empty, "applies": is_population(summary),
@@ -75,6 +123,7 @@ def population_context(frames: dict, profile: str) -> dict:
             rows.append({"label": r["label"], "cells": cells, "floats": r["floats"],
                          "vs_papa": r["floats_vs_papa"]})
         context["models"].append({"model": model_label(arch), "rows": rows})
+    context["verdicts"] = verdicts(frame)
     context["setting"] = describe_runs(frames["results"])
     return context
 
