@@ -23,7 +23,8 @@ import torch
 from harness.compare import assert_bit_for_bit, check_outcome, simulator_state
 from harness.ranks import RANKS
 from petra_core.engine.launch import free_port, launch_local
-from petra_core.engine.distributed.wire import from_wire, restore_layout, to_wire
+from petra_core.engine.distributed.wire import SLOTS, flatten, from_wire, restore_layout, to_wire, unflatten
+from petra_core.models import streams
 from petra_core.engine.placement import (
     check_placement,
     even_partition,
@@ -111,6 +112,19 @@ def test_wire_round_trip(t):
     out = restore_layout(buf, layout)
     assert out.dtype == t.dtype and out.shape == t.shape and torch.equal(out, t)
     assert out.stride() == t.stride() or not t.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_a_message_of_pairs_travels_as_its_tensors_and_comes_back_as_pairs():
+    """A RevNet message's fields are pairs of streams: the wire flattens them into its slots with
+    the fields' kinds in the header, and rebuilds the same structure on arrival."""
+    pair = (torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4))
+    for fields, kinds in [((pair, pair), [2, 2]), ((pair, None), [2, 0]), ((pair[0], torch.arange(2)), [1, 1])]:
+        got_kinds, flat = flatten(fields)
+        assert got_kinds == kinds and len(flat) == sum(kinds) <= SLOTS
+        back = unflatten(got_kinds, flat)
+        for a, b in zip(back, fields):
+            assert type(a) is type(b)
+            assert all(x is y for x, y in zip(streams.tensors(a), streams.tensors(b)))
 
 
 # ---- bit-for-bit against the simulator -------------------------------------------------------------

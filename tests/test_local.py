@@ -19,6 +19,7 @@ from petra_core import Recipe, Simulator, build_model, simulate
 from petra_core.batchnorm import frozen_running_stats
 from petra_core.methods import ForwardGradient, KeepGraph, directional_derivative, project
 from petra_core.methods.local import ForwardGradientActivity, ForwardGradientWeight
+from petra_core.models import streams
 
 from conftest import make_batches, make_model
 
@@ -55,7 +56,7 @@ def test_a_kept_graph_is_freed_after_its_backward_and_when_dropped(policy):
 @pytest.mark.parametrize("method", ["fg-local-w", "fg-local-a"])
 @pytest.mark.parametrize("arch", ["revnet18", "resnet18"])
 def test_a_forward_gradient_that_guesses_the_true_gradient_is_backprop(method, arch, monkeypatch):
-    monkeypatch.setattr(ForwardGradient, "guess", lambda self, stage, graph, labels, k, wrt, target: target)
+    monkeypatch.setattr(ForwardGradient, "guess", lambda self, stage, graph, labels, k, wrt, target, output=None: target)
     data = make_batches(6, torch.float64)
     fg, bp = make_model(arch, torch.float64, aux_head="cnn"), make_model(arch, torch.float64, aux_head="cnn")
     simulate(fg, method, data, k=2, recipe=LR)
@@ -145,7 +146,7 @@ def test_auxiliary_heads_are_small_and_optional(arch):
         h = x
         for stage in list(with_heads)[:-1]:
             h = stage(h)
-            stage.aux(h)
+            stage.aux(streams.join(h))  # a RevNet's pair of streams, side by side
     aux_flops = heads.get_total_flops() - (main.get_total_flops() - 2 * 10 * 8 * 8 * (2 if "rev" in arch else 1) *
                                           (4 if arch.endswith("50") else 1))
     assert aux_flops / main.get_total_flops() < 0.10

@@ -9,6 +9,7 @@ import torch
 from petra_core import METHODS, Pipeline, Recipe
 from petra_core.engine import LocalWorld, assemble
 from petra_core.engine.observers import Observer
+from petra_core.models import streams
 from petra_core.precision import numerics, set_numerics
 from petra_core.run.config import ConfigError, RunConfig
 
@@ -22,9 +23,8 @@ class SentDtypes(Observer):
         self.dtypes = set()
 
     def sent(self, worker, direction, msg):
-        for t in (getattr(msg, "activation", None), getattr(msg, "grad", None)):
-            if t is not None:
-                self.dtypes.add(t.dtype)
+        for a in (getattr(msg, "activation", None), getattr(msg, "grad", None)):
+            self.dtypes.update(t.dtype for t in streams.tensors(a))  # a tensor or a pair of streams
 
 
 def train_pipe(method, precision, n=6):

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..batchnorm import frozen_running_stats
 from ..engine.observers import Observer
+from ..models import streams
 from ..replicas import DataParallel
 from ..replicas.rule import flat_grads
 
@@ -38,7 +39,7 @@ def true_gradient(model, stage: int, batches) -> torch.Tensor:
                 h = x
                 for s in stages[:stage]:
                     h = s(h)
-            h = h.detach()
+            h = streams.apply(torch.Tensor.detach, h)
             for s in stages[stage:]:
                 h = s(h)
             grads = torch.autograd.grad(F.cross_entropy(h, y) / len(batches), params, allow_unused=True)

@@ -10,6 +10,10 @@ end of a steady-state tick of the pipelined schedule (every stage busy in both d
 * graph of stage j = staleness_j kept graphs (not predictable from shapes: measured per minibatch);
 * in flight in the transport: one forward message per stage (activation + labels) and one backward
   message per stage (gradient, + activation when the receiver rebuilds its input);
+* less what is shared: a coupling (x, x̃) -> (x̃ + F(x), x) passes its input's first stream on as
+  its output's second, the same tensor. Where it buffers its inputs, its forward message in flight
+  and the buffered inputs of the next stage (if that stage buffers too: it keeps a subset of the
+  same minibatches) hold that stream once, already counted (``shared_stream``, negative);
 * optimizer state: one momentum buffer per parameter.
 
 The measurement runs the simulator to such a tick under an :class:`AllocationMeter` (everything
@@ -68,6 +72,10 @@ def predict_steady_state(model: StagedModel, method: str, *, batch: int, image_s
         x = FLOAT32 * r["input_numel"]
         if "input" in policy.keeps:
             add(r, "input_buffer", s * x)
+            if j > 0 and shapes[j - 1]["kind"] == "R" and "input" in policies[j - 1].keeps:
+                add(r, "shared_stream", -s * x // 2)  # each buffered input's second stream: stage j-1's
+        if r["kind"] == "R" and "input" in policy.keeps and j < J - 1:
+            add(r, "shared_stream", -FLOAT32 * r["output_numel"] // 2)  # the message's second stream: buffered here
         if "weight_stash" in policy.keeps:
             add(r, "weight_stash", stash_versions(J, j, tick, k) * FLOAT32 * r["params"])
         if "graph" in policy.keeps and j < J - 1:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ..models import streams
 from ..precision import PRECISIONS, precision_scope, widen  # noqa: F401 (PRECISIONS: for callers)
 
 MESSAGES = ("float32", "native")
@@ -31,7 +32,7 @@ def reconstruction_errors(model, x: torch.Tensor, name: str, messages: str = "fl
     rebuilds its input, the chain position, and the relative errors of the rebuilt input."""
     if messages not in MESSAGES:
         raise ValueError(f"messages {messages!r} is not allowed; allowed: {', '.join(MESSAGES)}")
-    sent = widen if messages == "float32" else (lambda t: t)
+    sent = (lambda a: streams.apply(widen, a)) if messages == "float32" else (lambda a: a)
     device = x.device
     model.train()
     inputs = []
@@ -52,11 +53,11 @@ def reconstruction_errors(model, x: torch.Tensor, name: str, messages: str = "fl
                 continue
             y = sent(stage(inputs[j])) if rebuilt is None else rebuilt  # the exact output, or the one handed down
             x_hat = sent(stage.inverse(y))
-            true = inputs[j].float()
+            got, true = streams.join(x_hat).float(), streams.join(inputs[j]).float()
             depth += 1
             rows.append({"stage": j, "kind": stage.kind, "rebuilds": True, "chain": depth,
-                         "rel_error": float((x_hat.float() - true).norm() / true.norm()),
-                         "max_error": float((x_hat.float() - true).abs().max() / true.abs().max())})
+                         "rel_error": float((got - true).norm() / true.norm()),
+                         "max_error": float((got - true).abs().max() / true.abs().max())})
             rebuilt = x_hat
     for r in rows:
         r["precision"], r["messages"] = name, messages

@@ -28,12 +28,13 @@ from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..engine.observers import Observer
+from ..models import streams
 from .held import held_by_policy
 
 
-def payload(t: Tensor | None) -> int:
-    """Bytes a tensor occupies in a message (its logical size, not its storage's)."""
-    return 0 if t is None else t.numel() * t.element_size()
+def payload(a) -> int:
+    """Bytes a tensor, or a pair of streams, occupies in a message (its logical size, not its storage's)."""
+    return streams.nbytes(a)
 
 
 class Recorder(Observer):

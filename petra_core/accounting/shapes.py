@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from ..models import StagedModel
+from ..models import StagedModel, streams
 
 FLOAT32 = 4  # bytes per element; the paper's accounting is float32 throughout
 
@@ -43,13 +43,13 @@ def stage_shapes(model: StagedModel, *, batch: int, image_size: int) -> list[dic
     with torch.no_grad():
         for j, stage in enumerate(meta):
             y = stage(x)
-            in_numel = _numel(tuple(x.shape))
+            in_numel = _numel(streams.shape(x))
             one_stream = two_streams and stage.kind not in ("S", "D")
             rows.append(dict(
                 stage=j, kind=stage.kind, reversible=stage.reversible,
-                input_shape=tuple(x.shape), output_shape=tuple(y.shape),
+                input_shape=streams.shape(x), output_shape=streams.shape(y),
                 input_numel=in_numel, input_numel_paper=in_numel // 2 if one_stream else in_numel,
-                output_numel=_numel(tuple(y.shape)),
+                output_numel=_numel(streams.shape(y)),
                 params=sum(p.numel() for p in stage.parameters()),
                 params_with_conv_bias=sum(p.numel() for p in stage.parameters()) + conv_bias_params(stage),
                 bn_buffer_bytes=sum(b.numel() * b.element_size() for b in stage.buffers()),

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ..batchnorm import frozen_running_stats
 from ..methods import get_method
+from ..models import streams
 
 
 def measure_stage_costs(model, sample: tuple[Tensor, Tensor], *, method=None, device: torch.device | str = "cpu",
@@ -23,7 +24,7 @@ def measure_stage_costs(model, sample: tuple[Tensor, Tensor], *, method=None, de
     """
     device = torch.device(device)
     net = copy.deepcopy(model).to(device).train()
-    x, labels = sample[0].to(device), sample[1].to(device)
+    x, labels = streams.apply(lambda t: t.to(device), sample[0]), sample[1].to(device)
     J = len(net)
 
     def sync():
@@ -42,16 +43,17 @@ def measure_stage_costs(model, sample: tuple[Tensor, Tensor], *, method=None, de
                 if twice:
                     with torch.no_grad():
                         stage(x)
-                leaf = x.detach().requires_grad_(j > 0 and x.is_floating_point())
+                leaf = streams.apply(lambda t: t.detach().requires_grad_(j > 0 and t.is_floating_point()), x)
                 y = stage(leaf)
                 if last:
                     F.cross_entropy(y, labels).backward()
                 else:
-                    y.backward(torch.ones_like(y))
+                    outs = [t for t in streams.tensors(y) if t.requires_grad]
+                    torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
                 sync()
                 if rep > 0:
                     times.append(time.perf_counter() - t0)
             stage.zero_grad(set_to_none=True)
             costs.append(statistics.median(times))
-            x = y.detach()
+            x = streams.apply(torch.Tensor.detach, y)
     return costs

@@ -6,16 +6,18 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from ..models.streams import Activation
+
 
 @dataclass
 class ForwardMsg:
     mb: int
-    activation: Tensor
+    activation: Activation  # a tensor, or a RevNet's pair of streams
     labels: Tensor
 
 
 @dataclass
 class BackwardMsg:
     mb: int
-    grad: Tensor
-    activation: Tensor | None = None  # the sender's (reconstructed) input = the receiver's output
+    grad: Activation
+    activation: Activation | None = None  # the sender's (reconstructed) input = the receiver's output

@@ -19,7 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..methods import StoragePolicy
+from ..models import streams
 from ..models.stage import LocalGraph, Stage
+from ..models.streams import Activation
 from .messages import BackwardMsg, ForwardMsg
 from ..precision import check_precision, compute, widen
 
@@ -94,9 +96,9 @@ class StageWorker:
         self.tensor_offset, self.tensors_total = 0, len(self.params)  # place among the model's tensors (assembly)
 
     # ---- the two halves of a tick -------------------------------------------------------------
-    def _here(self, t: Tensor) -> Tensor:
-        """``t`` on this stage's device (an asynchronous copy when it comes from another GPU)."""
-        return t if t.device == self.device else t.to(self.device, non_blocking=True)
+    def _here(self, a: Activation) -> Activation:
+        """``a`` on this stage's device (an asynchronous copy when it comes from another GPU)."""
+        return streams.apply(lambda t: t if t.device == self.device else t.to(self.device, non_blocking=True), a)
 
     def forward(self, msg: ForwardMsg) -> ForwardMsg | None:
         x = self._here(msg.activation)
@@ -107,7 +109,7 @@ class StageWorker:
             self.labels[msg.mb] = self._here(msg.labels)
         # never 16-bit on the wire: the residual stream a reversible stage rebuilds its input from
         # stays float32 under bf16 (a no-op otherwise)
-        return None if self.is_last else ForwardMsg(msg.mb, widen(y.detach()), msg.labels)
+        return None if self.is_last else ForwardMsg(msg.mb, streams.apply(lambda t: widen(t.detach()), y), msg.labels)
 
     def rebuild(self, mb: int, msg: BackwardMsg | None) -> LocalGraph:
         """The local graph of minibatch ``mb`` (``msg``: what the next stage sent back, if anything)."""

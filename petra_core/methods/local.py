@@ -26,7 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..models import streams
 from ..models.stage import LocalGraph, Stage
+from ..models.streams import Activation
 from ..precision import widen
 from .storage import KeepGraph
 
@@ -38,11 +40,17 @@ def project(target: Tensor, guess: Tensor) -> Tensor:
     return (target * guess).sum() / ((guess * guess).sum() + EPS) * guess
 
 
-def project_per_sample(target: Tensor, guess: Tensor) -> Tensor:
-    """The projection of each sample's ``target`` (first dimension) on its ``guess``."""
-    dims = tuple(range(1, target.dim()))
-    scale = (target * guess).sum(dims, keepdim=True) / ((guess * guess).sum(dims, keepdim=True) + EPS)
-    return scale * guess
+def project_per_sample(target: Activation, guess: Activation) -> Activation:
+    """The projection of each sample's ``target`` (first dimension) on its ``guess``; a pair of
+    streams is one vector per sample (both streams' entries)."""
+    def per_sample(a: Tensor, b: Tensor) -> Tensor:
+        return (a * b).flatten(1).sum(1)
+
+    pairs = list(zip(streams.tensors(target), streams.tensors(guess)))
+    inner = sum(per_sample(t, g) for t, g in pairs)
+    norm = sum(per_sample(g, g) for _, g in pairs)
+    scale = inner / (norm + EPS)
+    return streams.apply(lambda g: scale.view(-1, *[1] * (g.dim() - 1)) * g, guess)
 
 
 def directional_derivative(loss_of_params, params: list[Tensor], direction: list[Tensor]) -> Tensor:
@@ -67,7 +75,7 @@ class LocalLoss(KeepGraph):
     gradient_out = False  # ... and none goes to the previous one
 
     def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor | None, labels: Tensor, k: int) -> None:
-        (F.cross_entropy(stage.aux(widen(graph.output)), labels) / k).backward()
+        (F.cross_entropy(stage.aux(widen(streams.join(graph.output))), labels) / k).backward()
 
 
 class ForwardGradient(KeepGraph):
@@ -77,12 +85,14 @@ class ForwardGradient(KeepGraph):
     space = "weight"
 
     def guess(self, stage: Stage, graph: LocalGraph, labels: Tensor, k: int, wrt: list[Tensor],
-              target: list[Tensor]) -> list[Tensor]:
+              target: list[Tensor], output: Activation | None = None) -> list[Tensor]:
         """The guessed directions for ``wrt``: the gradients of the stage's local loss (``target``,
         the true gradients, is not looked at: a test may guess it exactly). The auxiliary head's
-        own parameters get their gradients (the head learns from its loss)."""
+        own parameters get their gradients (the head learns from its loss). ``output``: the stage's
+        output as the loss reads it (default: the graph's)."""
         head = list(stage.aux.parameters())
-        grads = torch.autograd.grad(F.cross_entropy(stage.aux(widen(graph.output)), labels) / k, [*wrt, *head],
+        output = graph.output if output is None else output
+        grads = torch.autograd.grad(F.cross_entropy(stage.aux(widen(streams.join(output))), labels) / k, [*wrt, *head],
                                     retain_graph=True, allow_unused=True)
         for p, g in zip(head, grads[len(wrt):]):
             if g is not None:
@@ -93,18 +103,22 @@ class ForwardGradient(KeepGraph):
         heads = {id(q) for q in stage.aux.parameters()}
         params = [p for p in stage.parameters() if id(p) not in heads]
         leaves = [leaf for leaf in graph.leaves if leaf.requires_grad]  # the true input gradient goes back
-        y = graph.output
+        # a coupling passes its input x on as is: as an output, x gets a view (a node of its own),
+        # since autograd.grad cannot take a leaf as an output
+        y = streams.apply(lambda t: t.view_as(t) if t.is_leaf and t.requires_grad else t, graph.output)
+        outputs, true_out = list(streams.tensors(y)), list(streams.tensors(grad))
         if self.space == "activity":
-            estimate = project_per_sample(grad, self.guess(stage, graph, labels, k, [y], [grad])[0])
-            torch.autograd.backward(y, estimate, retain_graph=bool(leaves), inputs=params)
+            guess = self.guess(stage, graph, labels, k, outputs, true_out, output=y)
+            estimate = project_per_sample(grad, guess[0] if len(guess) == 1 else tuple(guess))
+            torch.autograd.backward(outputs, list(streams.tensors(estimate)), retain_graph=bool(leaves), inputs=params)
             if leaves:
-                torch.autograd.backward(y, grad, inputs=leaves)
+                torch.autograd.backward(outputs, true_out, inputs=leaves)
             return
-        true = torch.autograd.grad(y, [*params, *leaves], grad, retain_graph=True, allow_unused=True)
+        true = torch.autograd.grad(outputs, [*params, *leaves], true_out, retain_graph=True, allow_unused=True)
         for leaf, g in zip(leaves, true[len(params):]):
             leaf.grad = g
         true = [torch.zeros_like(p) if g is None else g for p, g in zip(params, true[:len(params)])]
-        for p, g, u in zip(params, true, self.guess(stage, graph, labels, k, params, true)):
+        for p, g, u in zip(params, true, self.guess(stage, graph, labels, k, params, true, output=y)):
             p.grad = project(g, u) if p.grad is None else p.grad + project(g, u)
 
 

@@ -28,11 +28,14 @@ from torch import Tensor
 from torch.func import functional_call
 
 from ..batchnorm import frozen_running_stats
+from ..models import streams
 from ..models.stage import LocalGraph, Stage
+from ..models.streams import Activation
 
 
-def tensor_bytes(t: Tensor) -> int:
-    return t.numel() * t.element_size()
+def tensor_bytes(a: Activation) -> int:
+    """Bytes of a tensor or of a pair of streams."""
+    return streams.nbytes(a)
 
 
 class StoragePolicy:
@@ -79,7 +82,7 @@ class StoragePolicy:
 @dataclass
 class _Recorded:
     graph: LocalGraph
-    x: Tensor
+    x: Activation
     version: int
     graph_bytes: int
     input_grad: bool
@@ -105,7 +108,7 @@ class KeepGraph(StoragePolicy):
         return self._record(stage, mb, x, input_grad, version)
 
     def _record(self, stage, mb, x, input_grad, version):
-        leaf = x.detach().requires_grad_(input_grad and x.is_floating_point())
+        leaf = streams.apply(lambda t: t.detach().requires_grad_(input_grad and t.is_floating_point()), x)
         # parameters, stashes and batch-norm statistics are not activations; the output is kept
         if self._fixed is None:  # the stage's own tensors (it stays where it was placed)
             self._fixed = (*stage.parameters(), *stage.buffers())
@@ -125,10 +128,10 @@ class KeepGraph(StoragePolicy):
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             y = stage(leaf) if weights is None else functional_call(stage, weights, (leaf,))
-        for t in (leaf, y):  # held by the record whether or not autograd saved them
+        for t in (*streams.tensors(leaf), *streams.tensors(y)):  # held by the record whether or not autograd saved them
             seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        graph = LocalGraph((leaf,), y, tuple(weights.values()) if weights is not None else None)
-        self.records[mb] = _Recorded(graph, x.detach(), version, sum(seen.values()), input_grad)
+        graph = LocalGraph(leaf, y, tuple(weights.values()) if weights is not None else None)
+        self.records[mb] = _Recorded(graph, streams.apply(Tensor.detach, x), version, sum(seen.values()), input_grad)
         return y
 
     def local_graph(self, stage, mb, output, *, input_grad):
@@ -200,10 +203,10 @@ class KeepInput(StoragePolicy):
     recomputes = True
 
     def __init__(self):
-        self.inputs: dict[int, Tensor] = {}
+        self.inputs: dict[int, Activation] = {}
 
     def forward(self, stage, mb, x, *, input_grad, version):
-        self.inputs[mb] = x.detach()
+        self.inputs[mb] = streams.apply(Tensor.detach, x)
         with torch.no_grad(), frozen_running_stats(stage):
             return stage(x)
 

@@ -33,4 +33,4 @@ class AuxHead(nn.Module):
                                       nn.Linear(c_in, num_classes))
 
     def forward(self, h: Tensor) -> Tensor:
-        return self.body(h)
+        return self.body(h)  # a RevNet's two streams side by side (``streams.join``)

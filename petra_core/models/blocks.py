@@ -1,7 +1,8 @@
 """The stage modules: stems, residual blocks (plain, reversible, downsampling) and heads.
 
-RevNet activations are a pair of streams (x, x̃) stored side by side along the channel axis,
-so every message between stages is a single tensor. Design facts (which block is invertible,
+RevNet activations are a pair of streams (x, x̃), two dense tensors (``streams.py`` says why):
+the RevNet stem splits its output into them, every RevNet stage maps a pair to a pair, and the
+head pools both. Design facts (which block is invertible,
 where projections sit) follow ``docs/architecture.md``, Blocks; the residual branch F ends with
 a ReLU, as in the authors' models.
 """
@@ -11,6 +12,7 @@ import torch
 from torch import Tensor, nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
+from . import streams
 from .stage import CouplingGraph, ReversibleStage, Stage
 
 
@@ -33,19 +35,22 @@ def residual_branch(block: str, c_in: int, base: int, c_out: int, stride: int) -
 
 
 class Stem(Stage):
-    """First stage: conv -> BN -> ReLU (-> max-pool for the ImageNet stem)."""
+    """First stage: conv -> BN -> ReLU (-> max-pool for the ImageNet stem); a RevNet's stem
+    (``two_streams``) hands its channel halves on as the pair of streams."""
 
     kind = "S"
 
-    def __init__(self, c_out: int, stem: str):
+    def __init__(self, c_out: int, stem: str, two_streams: bool = False):
         super().__init__()
+        self.two_streams = two_streams
         if stem == "cifar":  # CIFAR-10 / ImageNet32: 3x3 stride-1 convolution, no pooling
             self.body = conv_bn(3, c_out, 3)
         else:  # ImageNet: 7x7 stride-2 convolution + standard 3x3/s2 max-pool
             self.body = nn.Sequential(conv_bn(3, c_out, 7, stride=2), nn.MaxPool2d(3, 2, 1))
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.body(x)
+    def forward(self, x: Tensor) -> streams.Activation:
+        y = self.body(x)
+        return streams.streams_of(y) if self.two_streams else y
 
 
 class ResidualStage(Stage):
@@ -73,22 +78,22 @@ class ReversibleBlock(ReversibleStage):
         super().__init__()
         self.F = residual_branch(block, channels, base, channels, stride=1)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x1, x2 = x.chunk(2, dim=1)
-        return torch.cat([x2 + self.F(x1), x1], dim=1)
+    def forward(self, x: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        x1, x2 = x
+        return x2 + self.F(x1), x1
 
     @torch.no_grad()
-    def inverse(self, y: Tensor) -> Tensor:
-        y1, y2 = y.chunk(2, dim=1)
-        return torch.cat([y2, y1 - self.F(y2)], dim=1)
+    def inverse(self, y: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        y1, y2 = y
+        return y2, y1 - self.F(y2)
 
-    def reconstruct(self, y: Tensor, *, input_grad: bool = True) -> CouplingGraph:
+    def reconstruct(self, y: tuple[Tensor, Tensor], *, input_grad: bool = True) -> CouplingGraph:
         """Rebuild the input with the current weights while building F's graph.
 
         x = ỹ is exact; F(x) is evaluated once with autograd on, and serves both to recover
         x̃ = y − F(x) and as the graph of the recomputed output (x̃ + F(x), x).
         """
-        y1, y2 = y.detach().chunk(2, dim=1)
+        y1, y2 = (t.detach() for t in y)
         x1 = y2.requires_grad_(input_grad)
         f = self.F(x1)
         x2 = (y1 - f.detach()).requires_grad_(input_grad)
@@ -112,13 +117,12 @@ class DownsamplingBlock(Stage):
         if block == "bottleneck":
             self.proj_x = conv_bn(c_in, c_out, 1, stride, relu=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x1, x2 = x.chunk(2, dim=1)
+    def forward(self, x: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        x1, x2 = x
         if self.block_type == "basic":
             hidden = self.F[0](x1)
-            y = self.F[1](hidden) + self.proj(x2)
-            return torch.cat([y, hidden], dim=1)
-        return torch.cat([self.F(x1) + self.proj(x2), self.proj_x(x1)], dim=1)
+            return self.F[1](hidden) + self.proj(x2), hidden
+        return self.F(x1) + self.proj(x2), self.proj_x(x1)
 
 
 class Head(Stage):
@@ -131,5 +135,7 @@ class Head(Stage):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(c_in, num_classes)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc(torch.flatten(self.pool(x), 1))
+    def forward(self, x: streams.Activation) -> Tensor:
+        """Both streams of a pair pooled side by side: the pooled features of the joined tensor."""
+        pooled = [torch.flatten(self.pool(t), 1) for t in streams.tensors(x)]
+        return self.fc(pooled[0] if len(pooled) == 1 else torch.cat(pooled, 1))

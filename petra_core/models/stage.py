@@ -18,57 +18,61 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from . import streams
+from .streams import Activation
+
 
 @dataclass
 class LocalGraph:
     """A stage's local autograd graph: input leaves -> output.
 
-    ``leaves`` are the pieces of the stage input, concatenated along channels (a RevNet activation
-    is its two streams side by side). They are autograd leaves, so after ``backward(grad)`` their
-    ``.grad`` is the input gradient δ_j.
+    ``inputs`` is the stage input as autograd leaves, in the activation's own kind (a tensor, or
+    a RevNet's pair of streams, ``models/streams.py``), so after ``backward(grad)`` their ``.grad``
+    is the input gradient δ_j.
     """
 
-    leaves: tuple[Tensor, ...]
-    output: Tensor
+    inputs: Activation
+    output: Activation
     weights: tuple[Tensor, ...] | None = None  # stashed weight copies the graph was built on, if any
 
-    def backward(self, grad: Tensor) -> None:
+    @property
+    def leaves(self) -> tuple[Tensor, ...]:
+        return streams.tensors(self.inputs)
+
+    def backward(self, grad: Activation) -> None:
         """Backpropagate δ_{j+1} (the gradient of the output) into the leaves and the weights."""
-        self.output.backward(grad)
+        pairs = [(t, g) for t, g in zip(streams.tensors(self.output), streams.tensors(grad)) if t.requires_grad]
+        torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
 
-    def input_value(self) -> Tensor:
+    def input_value(self) -> Activation:
         """The (possibly reconstructed) stage input, detached."""
-        parts = [leaf.detach() for leaf in self.leaves]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        return streams.apply(Tensor.detach, self.inputs)
 
-    def input_grad(self) -> Tensor | None:
+    def input_grad(self) -> Activation | None:
         """δ_j, the gradient with respect to the stage input (None if the input needs none)."""
-        grads = [leaf.grad for leaf in self.leaves]
-        if any(g is None for g in grads):
-            return None
-        return grads[0] if len(grads) == 1 else torch.cat(grads, dim=1)
+        return streams.grads(self.inputs)
 
 
 class CouplingGraph(LocalGraph):
     """The rebuilt graph of an additive coupling (y, ỹ) = (x̃ + F(x), x): only F's graph is built.
 
-    Backpropagating δ = (δ_y, δ_ỹ) needs no autograd through the sum and the concatenation:
-    x̃ receives δ_y, F receives δ_y, and x receives F's input gradient plus δ_ỹ. This saves
-    the recomputed output (one activation-sized add and concatenation) and its graph.
-    ``output`` is still available, built on demand, for inspection and tests.
+    Backpropagating δ = (δ_y, δ_ỹ) needs no autograd through the sum: x̃ receives δ_y, F receives
+    δ_y, and x receives F's input gradient plus δ_ỹ. This saves the recomputed output (one
+    activation-sized add) and its graph. ``output`` is still available, built on demand, for
+    inspection and tests.
     """
 
     def __init__(self, x: Tensor, x_tilde: Tensor, f: Tensor):
-        self.leaves, self.f, self.weights = (x, x_tilde), f, None
+        self.inputs, self.f, self.weights = (x, x_tilde), f, None
 
     @property
-    def output(self) -> Tensor:
-        x, x_tilde = self.leaves
-        return torch.cat([x_tilde + self.f, x], dim=1)
+    def output(self) -> Activation:
+        x, x_tilde = self.inputs
+        return (x_tilde + self.f, x)
 
-    def backward(self, grad: Tensor) -> None:
-        x, x_tilde = self.leaves
-        g_y, g_y_tilde = grad.chunk(2, dim=1)
+    def backward(self, grad: Activation) -> None:
+        x, x_tilde = self.inputs
+        g_y, g_y_tilde = grad
         self.f.backward(g_y)
         if x.requires_grad:
             x.grad = g_y_tilde if x.grad is None else x.grad.add_(g_y_tilde)
@@ -82,10 +86,10 @@ class Stage(nn.Module):
     reversible: bool = False
     kind: str = "B"
 
-    def rebuild(self, x: Tensor, *, input_grad: bool = True) -> LocalGraph:
+    def rebuild(self, x: Activation, *, input_grad: bool = True) -> LocalGraph:
         """Recompute F_j on a stored input ``x`` with a local graph (activation checkpointing)."""
-        leaf = x.detach().requires_grad_(input_grad and x.is_floating_point())
-        return LocalGraph((leaf,), self(leaf))
+        leaf = streams.apply(lambda t: t.detach().requires_grad_(input_grad and t.is_floating_point()), x)
+        return LocalGraph(leaf, self(leaf))
 
 
 class ReversibleStage(Stage):
@@ -94,8 +98,8 @@ class ReversibleStage(Stage):
     reversible = True
     kind = "R"
 
-    def inverse(self, y: Tensor) -> Tensor:  # pragma: no cover - abstract
+    def inverse(self, y: Activation) -> Activation:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def reconstruct(self, y: Tensor, *, input_grad: bool = True) -> LocalGraph:  # pragma: no cover
+    def reconstruct(self, y: Activation, *, input_grad: bool = True) -> LocalGraph:  # pragma: no cover
         raise NotImplementedError

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from . import streams
 from .aux_heads import AuxHead
 from .blocks import DownsamplingBlock, Head, ResidualStage, ReversibleBlock, Stem
 from .spec_check import check_build_args
@@ -22,8 +23,8 @@ class StagedModel(nn.Sequential):
         have its stages on several GPUs, e.g. for evaluation after a multi-GPU run)."""
         for stage in self:
             device = next((t.device for t in stage.parameters()), None)
-            if device is not None and x.device != device:
-                x = x.to(device, non_blocking=True)
+            if device is not None and streams.device(x) != device:
+                x = streams.apply(lambda t: t.to(device, non_blocking=True), x)
             x = stage(x)
         return x
 
@@ -55,7 +56,7 @@ def _blocks(spec: ArchSpec, width: int) -> list[tuple[Stage, int]]:
     """One stage per residual block, with its output channels. RevNet widths are per stream (two
     streams per activation)."""
     stages: list[tuple[Stage, int]] = []
-    streams = 2 if spec.reversible else 1
+    n_streams = 2 if spec.reversible else 1
     c_in = width
     for group, depth in enumerate(spec.layers):
         base = width * 2**group
@@ -68,7 +69,7 @@ def _blocks(spec: ArchSpec, width: int) -> list[tuple[Stage, int]]:
                 stage = ReversibleBlock(spec.block, c_out, base)
             else:
                 stage = DownsamplingBlock(spec.block, c_in, base, c_out, stride)
-            stages.append((stage, streams * c_out))
+            stages.append((stage, n_streams * c_out))
             c_in = c_out
     return stages
 
@@ -85,11 +86,11 @@ def build_model(arch: str, *, num_classes: int, stem: str = "cifar", width: int 
     """
     check_build_args(arch, num_classes=num_classes, stem=stem, width=width)
     spec = ARCHS[arch]
-    streams = 2 if spec.reversible else 1
+    n_streams = 2 if spec.reversible else 1
     blocks = _blocks(spec, width)
     c_last = width * 8 * spec.expansion
-    stages = [(Stem(streams * width, stem), streams * width), *blocks]
+    stages = [(Stem(n_streams * width, stem, two_streams=spec.reversible), n_streams * width), *blocks]
     if aux_head is not None:
         for stage, channels in stages:
             stage.aux = AuxHead(aux_head, channels, num_classes, hidden=max(width // 2, 1))
-    return StagedModel(arch, [stage for stage, _ in stages] + [Head(streams * c_last, num_classes)])
+    return StagedModel(arch, [stage for stage, _ in stages] + [Head(n_streams * c_last, num_classes)])

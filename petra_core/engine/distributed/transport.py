@@ -21,10 +21,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ...models import streams
 from ..messages import BackwardMsg, ForwardMsg
 from .failures import DEFAULT_TIMEOUT, PipelineError, is_timeout, ProtocolError, short
-from .wire import (BACKWARD, DIRECTION, FORWARD, HEADER, MAGIC, SLOT, restore_layout, from_wire, to_wire,
-                   make_message, message_tensors)
+from .wire import (BACKWARD, DIRECTION, FORWARD, HEADER, MAGIC, SLOT, SLOTS, flatten, from_wire, make_message,
+                   message_fields, message_tensors, restore_layout, to_wire, unflatten)
 
 
 @dataclass
@@ -81,16 +82,20 @@ class _Receiver:
                 raise ProtocolError(f"corrupt message header from rank {e.peer}: {h[:3]}")
             if h[2] != mb:
                 raise ProtocolError(f"expected the {DIRECTION[e.direction]} message of minibatch {mb}, got {h[2]}")
-            slots = [from_wire(h[3:3 + SLOT], self.device), from_wire(h[3 + SLOT:], self.device)]
-            for work in [dist.irecv(s[0], e.peer, group=e.group) for s in slots if s is not None]:
+            kinds = h[3:5]
+            slots = [from_wire(h[5 + i * SLOT:5 + (i + 1) * SLOT], self.device) for i in range(SLOTS)]
+            slots = [s for s in slots if s is not None]
+            if len(slots) != sum(kinds):
+                raise ProtocolError(f"header from rank {e.peer} announces fields {kinds} but {len(slots)} tensors")
+            for work in [dist.irecv(s[0], e.peer, group=e.group) for s in slots]:
                 work.wait()
             event = None
             if self.stream is not None:
                 event = torch.cuda.Event()
                 event.record(self.stream)
         self.stats.background_recv_s += time.perf_counter() - t0
-        self.stats.bytes_received += sum(s[0].numel() * s[0].element_size() for s in slots if s is not None)
-        return make_message(e.direction, mb, *(None if s is None else restore_layout(*s) for s in slots)), event
+        self.stats.bytes_received += sum(s[0].numel() * s[0].element_size() for s in slots)
+        return make_message(e.direction, mb, *unflatten(kinds, [restore_layout(*s) for s in slots])), event
 
 
 def wait_for(event, timeout: float, what: str, poll_s: float = 0.0002) -> None:
@@ -202,17 +207,17 @@ class DistributedTransport:
         return self._recv(BACKWARD, dst)
 
     # -- internals ----------------------------------------------------------------------------------
-    def _send(self, direction: int, src: int, dst: int, mb: int, a: Tensor | None, b: Tensor | None) -> None:
+    def _send(self, direction: int, src: int, dst: int, mb: int, a, b) -> None:
         t0 = time.perf_counter()
         edge = self.out[direction]
+        kinds, flat = flatten((a, b))
         if self.backend == "nccl":  # host tensors (the labels, pinned) go to the GPU NCCL sends from
-            a, b = (t.to(self.device, non_blocking=True) if t is not None and t.device.type == "cpu" else t
-                    for t in (a, b))
-        (slot_a, wa), (slot_b, wb) = to_wire(a), to_wire(b)
-        header = torch.tensor([MAGIC, direction, mb, *slot_a, *slot_b], dtype=torch.int64)
+            flat = [t.to(self.device, non_blocking=True) if t.device.type == "cpu" else t for t in flat]
+        wired = [to_wire(t) for t in flat] + [to_wire(None)] * (SLOTS - len(flat))
+        header = torch.tensor([MAGIC, direction, mb, *kinds, *[v for slot, _ in wired for v in slot]], dtype=torch.int64)
         if self.device.type == "cuda":  # from pinned memory: the copy does not wait for the GPU to drain
             header = header.pin_memory().to(self.device, non_blocking=True)
-        tensors = [header] + [t for t in (wa, wb) if t is not None]
+        tensors = [header] + [t for _, t in wired if t is not None]
         try:
             works = [dist.isend(t, edge.peer, group=edge.group) for t in tensors]
         except Exception as err:  # noqa: BLE001
@@ -284,8 +289,7 @@ class DistributedTransport:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(event)
             for t in message_tensors(msg):
-                if t is not None:
-                    t.record_stream(stream)
+                t.record_stream(stream)
         return msg
 
     # -- checkpointing ----------------------------------------------------------------------------
@@ -303,7 +307,7 @@ class DistributedTransport:
         self.settle()
 
         def pack(msgs):
-            return [(m.mb, *(None if t is None else t.detach().cpu() for t in message_tensors(m))) for m in msgs]
+            return [(m.mb, *(streams.apply(lambda t: t.detach().cpu(), f) for f in message_fields(m))) for m in msgs]
 
         return {"ready": {direction: pack(q) for direction, q in self.ready.items() if q}}
 
@@ -313,7 +317,7 @@ class DistributedTransport:
             raise RuntimeError("load_state_dict needs a transport with nothing in flight")
 
         def unpack(direction, msgs):
-            return deque(make_message(direction, mb, *(None if t is None else t.to(self.device) for t in (a, b)))
+            return deque(make_message(direction, mb, *(streams.apply(lambda t: t.to(self.device), f) for f in (a, b)))
                          for mb, a, b in msgs)
 
         for direction in self.ready:
