@@ -18,13 +18,15 @@ def test_a_stems_output_becomes_two_dense_streams_in_its_memory_format(channels_
     assert streams.shape((a, b)) == tuple(t.shape) and streams.nbytes((a, b)) == t.numel() * 4
 
 
-def test_join_and_split_round_trip_and_a_tensor_passes_through():
+def test_a_tensor_passes_through_and_leaves_are_fresh():
     pair = (torch.randn(2, 3, 4, 4), torch.randn(2, 5, 4, 4))
-    back = streams.split(streams.join(pair), like=pair)
-    assert all(torch.equal(x, y) and x.is_contiguous() for x, y in zip(back, pair))
+    assert streams.shape(pair) == (2, 8, 4, 4) and torch.equal(streams.join(pair)[:, 3:], pair[1])
     t = torch.randn(2, 3)
-    assert streams.join(t) is t and streams.split(t, like=t) is t and streams.tensors(None) == ()
+    assert streams.join(t) is t and streams.tensors(None) == ()
     assert streams.apply(torch.neg, None) is None and streams.grads(t.requires_grad_()) is None
+    leaves = streams.leaves(pair, requires_grad=True)
+    assert all(x.is_leaf and x.requires_grad and x is not y for x, y in zip(leaves, pair))
+    assert not streams.leaves(torch.arange(3), requires_grad=True).requires_grad  # integers never do
 
 
 def test_a_coupling_hands_its_first_stream_on_without_a_copy():

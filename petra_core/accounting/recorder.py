@@ -24,17 +24,11 @@ from __future__ import annotations
 import time
 from collections.abc import Collection
 
-from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..engine.observers import Observer
 from ..models import streams
 from .held import held_by_policy
-
-
-def payload(a) -> int:
-    """Bytes a tensor, or a pair of streams, occupies in a message (its logical size, not its storage's)."""
-    return streams.nbytes(a)
 
 
 class Recorder(Observer):
@@ -115,9 +109,10 @@ class Recorder(Observer):
     def sent(self, worker, direction: str, msg) -> None:
         if not self._mine(worker):
             return
-        act = payload(msg.activation)
-        grad = payload(getattr(msg, "grad", None))
-        labels = payload(getattr(msg, "labels", None))
+        # logical sizes (elements, not storages) of a tensor or a pair of streams
+        act = streams.nbytes(msg.activation)
+        grad = streams.nbytes(getattr(msg, "grad", None))
+        labels = streams.nbytes(getattr(msg, "labels", None))
         src = worker.index
         self.messages.append(dict(method=self.method, stage=src, receiver=src + (1 if direction == "forward" else -1),
                                   direction=direction, mb=msg.mb, tick=self.sim.tick, activation_bytes=act,

@@ -43,7 +43,7 @@ def measure_stage_costs(model, sample: tuple[Tensor, Tensor], *, method=None, de
                 if twice:
                     with torch.no_grad():
                         stage(x)
-                leaf = streams.apply(lambda t: t.detach().requires_grad_(j > 0 and t.is_floating_point()), x)
+                leaf = streams.leaves(x, j > 0)
                 y = stage(leaf)
                 if last:
                     F.cross_entropy(y, labels).backward()

@@ -33,11 +33,6 @@ from ..models.stage import LocalGraph, Stage
 from ..models.streams import Activation
 
 
-def tensor_bytes(a: Activation) -> int:
-    """Bytes of a tensor or of a pair of streams."""
-    return streams.nbytes(a)
-
-
 class StoragePolicy:
     """Base class. Subclasses keep per-minibatch records keyed by minibatch id."""
 
@@ -108,7 +103,7 @@ class KeepGraph(StoragePolicy):
         return self._record(stage, mb, x, input_grad, version)
 
     def _record(self, stage, mb, x, input_grad, version):
-        leaf = streams.apply(lambda t: t.detach().requires_grad_(input_grad and t.is_floating_point()), x)
+        leaf = streams.leaves(x, input_grad)
         # parameters, stashes and batch-norm statistics are not activations; the output is kept
         if self._fixed is None:  # the stage's own tensors (it stays where it was placed)
             self._fixed = (*stage.parameters(), *stage.buffers())
@@ -192,7 +187,7 @@ class StashWeights(KeepGraph):
 
     def kept_bytes(self):
         return {**super().kept_bytes(),
-                "weight_stash": sum(tensor_bytes(w) for s in self.stashes.values() for w in s.values())}
+                "weight_stash": sum(streams.nbytes(w) for s in self.stashes.values() for w in s.values())}
 
 
 class KeepInput(StoragePolicy):
@@ -214,7 +209,7 @@ class KeepInput(StoragePolicy):
         return stage.rebuild(self.inputs.pop(mb), input_grad=input_grad)
 
     def kept_bytes(self):
-        return {"input": sum(tensor_bytes(x) for x in self.inputs.values())}
+        return {"input": sum(streams.nbytes(x) for x in self.inputs.values())}
 
     def in_flight(self):
         return len(self.inputs)

@@ -88,7 +88,7 @@ class Stage(nn.Module):
 
     def rebuild(self, x: Activation, *, input_grad: bool = True) -> LocalGraph:
         """Recompute F_j on a stored input ``x`` with a local graph (activation checkpointing)."""
-        leaf = streams.apply(lambda t: t.detach().requires_grad_(input_grad and t.is_floating_point()), x)
+        leaf = streams.leaves(x, input_grad)
         return LocalGraph(leaf, self(leaf))
 
 

@@ -42,10 +42,6 @@ def nbytes(a: Activation | None) -> int:
     return sum(t.numel() * t.element_size() for t in tensors(a))
 
 
-def numel(a: Activation | None) -> int:
-    return sum(t.numel() for t in tensors(a))
-
-
 def shape(a: Activation) -> tuple[int, ...]:
     """The shape of ``a`` as one tensor: a pair's streams side by side along channels."""
     if not is_pair(a):
@@ -58,15 +54,6 @@ def join(a: Activation) -> Tensor:
     """``a`` as one tensor, the streams side by side along channels (a copy for a pair): for what
     reads the whole activation at once, such as an auxiliary head or a comparison."""
     return torch.cat(a, dim=1) if is_pair(a) else a
-
-
-def split(t: Tensor, like: Activation) -> Activation:
-    """``t`` (shaped as :func:`join` gives) as an activation of the kind of ``like``: dense
-    streams for a pair (copies), ``t`` itself otherwise."""
-    if not is_pair(like):
-        return t
-    sizes = [s.shape[1] for s in like]
-    return tuple(dense(s) for s in torch.split(t, sizes, dim=1))
 
 
 def dense(t: Tensor) -> Tensor:
@@ -82,6 +69,12 @@ def streams_of(t: Tensor) -> tuple[Tensor, Tensor]:
     """One tensor's two channel halves as dense streams (a RevNet stem's output)."""
     a, b = t.chunk(2, dim=1)
     return dense(a), dense(b)
+
+
+def leaves(a: Activation, requires_grad: bool) -> Activation:
+    """``a`` detached into fresh autograd leaves (a local graph's inputs); integer tensors never
+    require a gradient."""
+    return apply(lambda t: t.detach().requires_grad_(requires_grad and t.is_floating_point()), a)
 
 
 def device(a: Activation) -> torch.device:

@@ -59,7 +59,7 @@ def restore_layout(t: Tensor, layout: int) -> Tensor:
 
 def field_kind(field) -> int:
     """0: no field, 1: a tensor, 2: a pair of streams."""
-    return 0 if field is None else len(streams.tensors(field)) if streams.is_pair(field) else 1
+    return len(streams.tensors(field))
 
 
 def flatten(fields) -> tuple[list[int], list[Tensor]]:
