@@ -614,6 +614,32 @@ def test_acco_is_tabled_early_and_at_the_end_against_ddp_of_the_same_optimizer(a
     assert fig.axes[0].get_xlabel() == "optimizer steps"
 
 
+def test_the_acco_verdict_is_the_datas(acco_runs):
+    """The claim (ACCO ends level with DDP, DPU without warm-up lags early and ACCO is ahead of it)
+    is judged from the records: it holds in the fake SGD runs, cannot be judged where a setting has
+    no DPU (AdamW here), and fails as soon as ACCO's final top-1 falls behind DDP's beyond noise."""
+    from petra_core.report.acco import acco_context, acco_frame, verdicts
+    from petra_core.report.tables import render
+
+    frame = acco_frame(acco_runs["results"], acco_runs["history"])
+    sgd, adamw = verdicts(frame)
+    assert (sgd["optimizer"], adamw["optimizer"]) == ("SGD (Nesterov)", "AdamW")
+    assert sgd["acco_level"] and sgd["claim_holds"]
+    w0, w5 = sgd["dpu"]
+    assert (w0["warmup"], w5["warmup"]) == (0, 5)
+    assert w0["lags_early"] and w0["early"]["early_train_loss"]["gap"] == pytest.approx(0.5)
+    assert w0["acco_ahead"] == pytest.approx(1.505 - 1.025) and w0["acco_is_ahead"]
+    assert sgd["acco"]["top1"]["gap"] == pytest.approx(-0.2) and sgd["acco"]["top1"]["within"]
+    assert adamw["dpu"] == [] and adamw["claim_holds"] is None
+    behind = frame.copy()
+    behind.loc[behind.rule == "acco", "gap_top1"] = -5.0  # five points behind, sd 1: beyond noise
+    assert verdicts(behind)[0]["acco_level"] is False and verdicts(behind)[0]["claim_holds"] is False
+    md = render("acco", "md", acco_context(acco_runs, "fakeacco"))
+    assert "- **ResNet18, SGD (Nesterov).** ACCO against DDP:" in md, md
+    assert "DPU, no warm-up: early train loss +0.500 ± 0.010 against DDP (lags)" in md, md
+    assert md.count("The claim holds.") == 1 and "The claim cannot be judged: there is no DPU without warm-up to compare." in md
+
+
 def test_the_readmes_benchmarks_are_rendered_from_benchmark_records(tmp_path, monkeypatch):
     """A benchmark run with --record writes results/benchmarks/<benchmark>-<variant>.json (result,
     command, revision, CPU, load); `petra readme` renders README's benchmarks block from them, and
