@@ -633,7 +633,9 @@ def test_the_acco_verdict_is_the_datas(acco_runs):
     assert adamw["dpu"] == [] and adamw["claim_holds"] is None
     behind = frame.copy()
     behind.loc[behind.rule == "acco", "gap_top1"] = -5.0  # five points behind, sd 1: beyond noise
-    assert verdicts(behind)[0]["acco_level"] is False and verdicts(behind)[0]["claim_holds"] is False
+    judged = verdicts(behind)[0]
+    assert judged["acco_level"] is False and judged["claim_holds"] is False
+    assert judged["failed"] == ["ACCO ends behind DDP"]
     md = render("acco", "md", acco_context(acco_runs, "fakeacco"))
     assert "- **ResNet18, SGD (Nesterov).** ACCO against DDP:" in md, md
     assert "DPU, no warm-up: early train loss +0.500 ± 0.010 against DDP (lags)" in md, md

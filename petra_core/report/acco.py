@@ -140,6 +140,8 @@ def verdicts(frame: pd.DataFrame) -> list[dict]:
         base = next((d for d in v["dpu"] if d["warmup"] == 0), None)
         parts = None if base is None else [v["acco_level"], base["lags_early"], base["acco_is_ahead"]]
         v["claim_holds"] = None if parts is None or None in parts else all(parts)
+        reasons = ("ACCO ends behind DDP", "DPU without warm-up does not lag early", "ACCO is not ahead of it early")
+        v["failed"] = [why for why, ok in zip(reasons, parts or []) if ok is False]
         v["unjudged"] = ("there is no DPU without warm-up to compare" if parts is None
                          else "it needs a second seed" if None in parts else None)
         out.append(v)
