@@ -81,3 +81,23 @@ def test_a_writers_own_records_do_not_make_its_revision_dirty(repo):
     assert git_revision(outputs=("results/benchmarks",), repo=repo / "results") == head  # paths from the top
     (repo / "code.py").write_text("x = 2\n")
     assert git_revision(outputs=("results/benchmarks",), repo=repo / "results") == head + "-dirty"
+
+
+def test_run_records_do_not_make_a_grid_revision_dirty(repo):
+    """A grid's runs write records under runs/ while the next run's check asks whether the code is
+    clean (and a worktree that retrains committed records rewrites them): records are not code, so
+    neither the check nor a record's revision counts them; code beside them still does."""
+    from petra_core.run.runio import git_revision
+
+    run = repo / "runs" / "budget" / "a"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("seed: 0\n")
+    git("add", "runs", cwd=repo)
+    git("commit", "-q", "-m", "a record", cwd=repo)
+    head = git_revision(repo=repo)
+    (run / "config.yaml").write_text("seed: 0\nretrained: true\n")  # the record being retrained
+    assert check_revision(repo) == head and git_revision(repo=repo) == head
+    (repo / "code.py").write_text("x = 2\n")
+    with pytest.raises(RevisionError, match="dirty .1 changed file.s., e.g. code.py"):
+        check_revision(repo)
+    assert git_revision(repo=repo) == head + "-dirty"

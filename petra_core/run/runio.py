@@ -146,23 +146,33 @@ def load_checkpoint(path: Path) -> dict:
     return state
 
 
+RECORDS_ROOT = "runs"  # run records: what training writes, never what it reads as code
+
+
+def changed_files(here: Path, outputs: tuple[str, ...] = ()) -> list[str]:
+    """Tracked files that differ from HEAD, less the run records (``runs/``: a grid's other runs
+    write them while this one trains, and a worktree that retrains committed records rewrites them)
+    and ``outputs`` (paths from the repository's top, such as a benchmark's own records). Raises
+    OSError or subprocess.TimeoutExpired if git cannot be asked."""
+    exclude = [f":(top,exclude){path}" for path in (RECORDS_ROOT, *outputs)]
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":/", *exclude],
+                            cwd=here, capture_output=True, text=True, timeout=10)
+    return [line[3:] for line in status.stdout.split("\n") if line.strip()]
+
+
 def git_revision(outputs: tuple[str, ...] = (), repo: Path | None = None) -> str | None:
-    """HEAD, with ``-dirty`` if a tracked file differs from it. ``outputs`` (paths from the repository's
-    top) do not count: a writer's own records, such as the benchmark records that a second benchmark
-    run would otherwise find changed by the first. ``repo``: any folder in the repository (default: this
-    package's)."""
+    """HEAD, with ``-dirty`` if a tracked file other than a record differs from it (see
+    :func:`changed_files`; ``outputs`` are left out too). ``repo``: any folder in the repository
+    (default: this package's)."""
     here = Path(repo) if repo is not None else Path(__file__).resolve().parent
-    exclude = [f":(top,exclude){path}" for path in outputs]
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
-                                *([":/"] + exclude if exclude else [])], cwd=here,
-                               capture_output=True, text=True, timeout=10)
+        if rev.returncode != 0:
+            return None
+        changed = changed_files(here, outputs)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if rev.returncode != 0:
-        return None
-    return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    return rev.stdout.strip() + ("-dirty" if changed else "")
 
 
 def environment(device: str) -> dict:

@@ -2,7 +2,8 @@
 
 Every record names the code revision that trained it (``env.json``'s ``git_revision``), and a
 reviewer must be able to check that revision out. So the grid's train rule refuses a revision
-that is dirty (tracked files changed but not committed: no revision holds the code) or that is
+that is dirty (tracked files changed but not committed: no revision holds the code; run records
+under ``runs/`` do not count, since a grid's runs write them while it trains) or that is
 not in main's history (a local branch, a commit not yet merged: it may never reach the
 repository). "main" is the local branch of that name or any remote's; a repository that has
 neither cannot tell, and the check lets a clean revision through with a warning.
@@ -14,6 +15,8 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+
+from ..run import runio
 
 MAIN = "main"
 
@@ -43,8 +46,10 @@ def check_revision(root: str | Path | None = None) -> str:
     if head.returncode != 0:
         raise RevisionError(f"{root} is not in a git repository: a record must name the revision that trained it")
     revision = head.stdout.strip()
-    dirty = _git("status", "--porcelain", "--untracked-files=no", root=root).stdout.split("\n")
-    changed = [line[3:] for line in dirty if line.strip()]
+    try:
+        changed = runio.changed_files(root)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise RevisionError(f"cannot read the code revision (git: {err}); a record must name one") from None
     if changed:
         raise RevisionError(f"revision {revision[:10]} is dirty ({len(changed)} changed file(s), e.g. {changed[0]}): "
                             "commit first, so that the records name code a reviewer can check out "
