@@ -11,9 +11,10 @@ sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
 import compare_retrained  # noqa: E402
 
 
-def record(run: Path, revision: str, cpu: str, top1: float, loss: float):
+def record(run: Path, revision: str, cpu: str, top1: float, loss: float, capability: str | None = None):
     run.mkdir(parents=True, exist_ok=True)
-    (run / "env.json").write_text(json.dumps({"git_revision": revision, "torch": "2.14.1", "cpu_model": cpu}))
+    env = {"git_revision": revision, "torch": "2.14.1", "cpu_model": cpu}
+    (run / "env.json").write_text(json.dumps(env if capability is None else {**env, "cpu_capability": capability}))
     (run / "metrics.json").write_text(json.dumps({"top1": top1, "train_loss": loss}))
 
 
@@ -27,13 +28,13 @@ def test_a_retrained_record_is_compared_with_the_one_it_replaced(tmp_path, monke
     record(tmp_path / "runs/p/b", "8ea0908", "EPYC 7B13", 50.0, 1.0)
     git(tmp_path, "add", "-A")
     git(tmp_path, "commit", "-qm", "old records")
-    record(tmp_path / "runs/p/a", "56c32fd", "EPYC 9B14", 43.97, 1.5828)  # retrained elsewhere
+    record(tmp_path / "runs/p/a", "56c32fd", "EPYC 9B14", 43.97, 1.5828, "AVX512")  # retrained elsewhere
     record(tmp_path / "runs/p/c", "56c32fd", "EPYC 9B14", 60.0, 0.5)  # new: nothing to compare with
     monkeypatch.chdir(tmp_path)
     assert compare_retrained.main(["runs/p", "--before", "HEAD", "--out", "retrained.csv"]) == 0
     (row,) = compare_retrained.compare(Path("runs/p"), "HEAD")
     assert row["run"] == "runs/p/a" and row["top1_difference"] == round(43.97 - 45.58, 4)
-    assert row["differing"] == "git_revision cpu_model"
+    assert row["differing"] == "git_revision cpu_model" and row["unknown_before"] == "cpu_capability"
     assert (tmp_path / "retrained.csv").read_text().splitlines()[1].startswith("runs/p/a,8ea0908,56c32fd,45.58,43.97")
     assert "1 retrained run(s): mean |top-1 difference| 1.61" in capsys.readouterr().out
 

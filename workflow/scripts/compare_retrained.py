@@ -4,7 +4,8 @@ When a committed record is retrained (at a clean revision, on another machine), 
 record it replaced. This script reads both, the one at ``--before`` (a revision that still has the
 old records) and the one in the working tree, and writes one row per retrained run: final top-1
 and training loss before and after, their difference, and which of the fields that decide a run's
-bits (``petra verify``'s list: revision, torch, CPU kernel set and model, threads, device) differ.
+bits (``petra verify``'s list: revision, torch, CPU kernel set and model, threads, device) differ, or
+were not recorded yet when the old record was written.
 Runs whose record did not change are left out.
 
     python workflow/scripts/compare_retrained.py runs/budget --before 4df81dd --out results/budget/retrained.csv
@@ -23,7 +24,7 @@ from petra_core.run import runio
 from petra_core.run.verify import DECISIVE
 
 COLUMNS = ("run", "before_revision", "after_revision", "top1_before", "top1_after", "top1_difference",
-           "train_loss_before", "train_loss_after", "train_loss_difference", "differing")
+           "train_loss_before", "train_loss_after", "train_loss_difference", "differing", "unknown_before")
 
 
 def at_revision(revision: str, path: Path) -> dict | None:
@@ -42,7 +43,8 @@ def compare(root: Path, before: str) -> list[dict]:
         env, metrics = json.loads(env_path.read_text()), json.loads((run / runio.METRICS).read_text())
         if old_env == env:
             continue  # not retrained
-        differing = [key for key in DECISIVE if old_env.get(key) != env.get(key)]
+        differing = [key for key in DECISIVE if key in old_env and old_env[key] != env.get(key)]
+        unknown = [key for key in DECISIVE if key not in old_env and key in env]  # the old record predates it
         rows.append({
             "run": run.as_posix(), "before_revision": str(old_env.get("git_revision"))[:12],
             "after_revision": str(env.get("git_revision"))[:12],
@@ -50,7 +52,7 @@ def compare(root: Path, before: str) -> list[dict]:
             "top1_difference": round(metrics["top1"] - old_metrics["top1"], 4),
             "train_loss_before": old_metrics["train_loss"], "train_loss_after": metrics["train_loss"],
             "train_loss_difference": round(metrics["train_loss"] - old_metrics["train_loss"], 6),
-            "differing": " ".join(differing)})
+            "differing": " ".join(differing), "unknown_before": " ".join(unknown)})
     return rows
 
 
@@ -67,7 +69,8 @@ def main(argv=None) -> int:
     rows = compare(args.root, args.before)
     for r in rows:
         print(f"{r['run']}: top-1 {r['top1_before']:.2f} -> {r['top1_after']:.2f} ({r['top1_difference']:+.2f}), "
-              f"train loss {r['train_loss_before']:.4f} -> {r['train_loss_after']:.4f}; differing: {r['differing']}")
+              f"train loss {r['train_loss_before']:.4f} -> {r['train_loss_after']:.4f}; differing: {r['differing'] or '-'}"
+              + (f"; not recorded before: {r['unknown_before']}" if r["unknown_before"] else ""))
     if rows:
         mean_abs = sum(abs(r["top1_difference"]) for r in rows) / len(rows)
         print(f"{len(rows)} retrained run(s): mean |top-1 difference| {mean_abs:.2f}, "
