@@ -56,6 +56,12 @@ def run_frame(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _spread(*stds) -> float:
+    """The sds that are known, added in quadrature (NaN where none is: n = 1 on every side)."""
+    known = [float(x) for x in stds if not pd.isna(x)]
+    return math.sqrt(sum(x * x for x in known)) if known else float("nan")
+
+
 def acco_frame(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
     """One row per (model, optimizer, rule setting): each CELL's mean, sd and n, and its gap to DDP."""
     if not applies(results):
@@ -78,9 +84,8 @@ def acco_frame(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
                 errs.append(float("nan"))
                 continue
             d = ddp.iloc[0]
-            spread = [s for s in (r[f"{c}_std"], d[f"{c}_std"]) if not pd.isna(s)]
             gaps.append(r[c] - d[c])
-            errs.append(math.sqrt(sum(s * s for s in spread)) if spread else float("nan"))
+            errs.append(_spread(r[f"{c}_std"], d[f"{c}_std"]))
         frame[f"gap_{c}"], frame[f"gap_{c}_err"] = gaps, errs
     frame["order"] = [list(RULES).index(r) if r in RULES else 99 for r in frame.rule]
     frame["opt_order"] = [list(OPTIMIZERS).index(o) if o in OPTIMIZERS else 99 for o in frame.optimizer]
@@ -98,11 +103,6 @@ def _judged(row: dict, cell: str) -> dict:
     worse = gap > 0 if "loss" in cell else gap < 0
     behind = None if within is None else bool(not within and worse)
     return {"gap": gap, "err": err, "within": within, "worse": bool(worse), "behind": behind, "n": int(row["n"])}
-
-
-def _spread(*stds) -> float:
-    known = [float(x) for x in stds if not pd.isna(x)]
-    return math.sqrt(sum(x * x for x in known)) if known else float("nan")
 
 
 def verdicts(frame: pd.DataFrame) -> list[dict]:

@@ -8,7 +8,7 @@ bits (``petra verify``'s list: revision, torch, CPU kernel set and model, thread
 were not recorded yet when the old record was written.
 Runs whose record did not change are left out.
 
-    python workflow/scripts/compare_retrained.py runs/budget --before 4df81dd --out results/budget/retrained.csv
+    python workflow/scripts/compare_retrained.py runs/budget --before 63ed40f --out results/budget/retrained.csv
 """
 from __future__ import annotations
 
