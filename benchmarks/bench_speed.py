@@ -4,12 +4,19 @@
     python benchmarks/bench_speed.py --width 64 --threads 2        # the paper's width
     python benchmarks/bench_speed.py --channels-last               # both sides in channels-last memory format
     python benchmarks/bench_speed.py --compile                     # every stage's modules through torch.compile
+    python benchmarks/bench_speed.py --methods petra,dsp,delayed   # more methods against backprop
 
-Prints two ratios (issue 11's goals: ours/plain <= 1.05, PETRA/backprop <= 1.40):
+Prints the ratios (issue 25's goals: backprop/plain <= 1.03; PETRA/backprop <= 4/3 + 0.05):
 
 * ``backprop / plain`` — our backprop (sequential schedule through the stage workers) against a
   plain ``loss.backward(); opt.step(); sched.step()`` loop over a copy of the same model and recipe;
-* ``petra / backprop`` — PETRA's steady-state time per minibatch against our backprop.
+* ``METHOD / backprop`` — each method's steady-state time per minibatch against our backprop,
+  beside its FLOP ideal (4/3 for a method that evaluates a stage's forward again at backward,
+  1 otherwise; Table 1 of the paper).
+
+The process keeps freed host memory (``petra_core.engine.host_memory``, as every petra pipeline
+does), so the plain loop runs on the same allocator setting; ``PETRA_HOST_MALLOC=system`` runs all
+of them on glibc's defaults. Page faults per step are printed for each loop.
 
 Everything runs in one process and the three loops are timed in alternating blocks, so a change
 of load on a shared machine hits all of them alike; each ratio is the median over the blocks.
@@ -28,6 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from petra_core import Recipe, Simulator, build_model
+from petra_core.engine.host_memory import page_faults, retain_freed_memory
+from petra_core.methods import get_method
 from petra_core.optim import make_optimizer
 
 
@@ -69,11 +78,20 @@ def compiled(model):
     return model
 
 
-def timed(step, n: int) -> float:
-    start = time.perf_counter()
+def timed(step, n: int, faults: list[float] | None = None) -> float:
+    """Seconds per call of ``step`` over ``n`` calls (and, into ``faults``, page faults per call)."""
+    before, start = page_faults(), time.perf_counter()
     for _ in range(n):
         step()
-    return (time.perf_counter() - start) / n
+    elapsed = (time.perf_counter() - start) / n
+    if faults is not None:
+        faults.append((page_faults() - before) / n)
+    return elapsed
+
+
+def ideal_ratio(method: str) -> float:
+    """Table 1's FLOPs per minibatch against backprop: 4/3 where a stage's forward runs again."""
+    return 4 / 3 if get_method(method).reversible.recomputes else 1.0
 
 
 def main(argv=None) -> dict:
@@ -87,6 +105,8 @@ def main(argv=None) -> dict:
     p.add_argument("--channels-last", action="store_true", help="model and data in channels-last memory format")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile every stage's submodules (forward and, for PETRA, the rebuild use them)")
+    p.add_argument("--methods", default="petra",
+                   help="methods timed against backprop, comma-separated (default petra; reversible ones need a RevNet)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--record", action="store_true", help="also write results/benchmarks/bench_speed-VARIANT.json (README's block is rendered from it)")
     args = p.parse_args(argv)
@@ -97,6 +117,10 @@ def main(argv=None) -> dict:
         recorder = Recorder("bench_speed", f"{args.arch}-w{args.width}-t{args.threads}"
                             + ("-cl" if args.channels_last else "") + ("-compile" if args.compile else ""))
 
+    methods = [m for m in args.methods.split(",") if m]
+    for m in methods:
+        get_method(m)  # an unknown name is one line naming the allowed ones
+    retain_freed_memory()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     base = build_model(args.arch, num_classes=10, width=args.width)
@@ -108,27 +132,34 @@ def main(argv=None) -> dict:
     prepare = compiled if args.compile else (lambda model: model)
     loops = {"plain": plain_loop(prepare(copy.deepcopy(base)), x, y, recipe),
              "backprop": engine_loop(prepare(copy.deepcopy(base)), "backprop", x, y, recipe)}
-    if base.reversible_stages:
-        loops["petra"] = engine_loop(prepare(copy.deepcopy(base)), "petra", x, y, recipe)
+    for m in methods:
+        if m != "backprop" and (base.reversible_stages or not get_method(m).needs_reversible):
+            loops[m] = engine_loop(prepare(copy.deepcopy(base)), m, x, y, recipe)
     for step in loops.values():  # warm-up: allocator, oneDNN primitive caches
         timed(step, 2)
     times: dict[str, list[float]] = {name: [] for name in loops}
+    faults: dict[str, list[float]] = {name: [] for name in loops}
     for _ in range(args.blocks):
         for name, step in loops.items():
-            times[name].append(timed(step, args.steps))
+            times[name].append(timed(step, args.steps, faults[name]))
     ratio = {"backprop/plain": statistics.median(b / a for a, b in zip(times["plain"], times["backprop"]))}
-    if "petra" in times:
-        ratio["petra/backprop"] = statistics.median(b / a for a, b in zip(times["backprop"], times["petra"]))
+    for m in (m for m in loops if m not in ("plain", "backprop")):
+        ratio[f"{m}/backprop"] = statistics.median(b / a for a, b in zip(times["backprop"], times[m]))
     result = {"arch": args.arch, "width": args.width, "batch": args.batch, "threads": args.threads,
               "channels_last": args.channels_last, "compile": args.compile,
-              "s_per_step": {name: statistics.median(t) for name, t in times.items()}, "ratio": ratio}
+              "host_malloc": "retain" if retain_freed_memory() else "system",
+              "s_per_step": {name: statistics.median(t) for name, t in times.items()},
+              "page_faults_per_step": {name: statistics.median(f) for name, f in faults.items()},
+              "ideal": {f"{m}/backprop": ideal_ratio(m) for m in loops if m not in ("plain", "backprop")},
+              "ratio": ratio}
     print(f"{args.arch}, CIFAR stem, width {args.width}, batch {args.batch}, {args.threads} thread(s)"
           + (", channels-last" if args.channels_last else "") + (", torch.compile" if args.compile else "")
           + f"; median of {args.blocks} alternating blocks of {args.steps} steps")
     for name, s in result["s_per_step"].items():
-        print(f"  {name:<9} {1000 * s:8.1f} ms/step")
+        print(f"  {name:<11} {1000 * s:8.1f} ms/step {result['page_faults_per_step'][name]:8.0f} page faults/step")
     for name, r in ratio.items():
-        print(f"  {name:<15} {r:6.3f}")
+        ideal = result["ideal"].get(name)
+        print(f"  {name:<19} {r:6.3f}" + ("" if ideal is None else f"   FLOP ideal {ideal:.3f}"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

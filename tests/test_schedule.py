@@ -81,3 +81,12 @@ def test_format_prints_a_table():
 def test_bad_schedule_kind():
     with pytest.raises(ValueError, match="allowed: pipelined, sequential"):
         Schedule("gpipe", 3, 4)
+
+
+@pytest.mark.parametrize("kind", ["pipelined", "sequential"])
+@pytest.mark.parametrize("J,n", [(1, 3), (2, 1), (3, 2), (4, 10), (10, 3), (10, 40)])
+def test_busy_is_exactly_the_stages_that_work(kind, J, n):
+    """The runner only visits ``busy(t)``: it must hold every stage with work at t and no idle one."""
+    s = Schedule(kind, J, n)
+    for t in range(-2, s.num_ticks + 3):
+        assert set(s.busy(t)) == {j for j in range(J) if s.action(t, j).busy}, (kind, J, n, t)

@@ -9,6 +9,8 @@ None for a step. Observers read; they never change a value, an order or a decisi
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 PHASES = ("forward", "rebuild", "backward", "send", "step")
 
 
@@ -37,3 +39,13 @@ class BeforeStep(Observer):
     def before(self, phase: str, worker, mb: int | None) -> None:
         if phase == "step":
             self.fn(worker)
+
+
+def observed(observers: Sequence[Observer], phase: str, worker, mb: int | None, fn, *args):
+    """``fn(*args)`` between every observer's ``before`` and ``after`` of ``phase``."""
+    for o in observers:
+        o.before(phase, worker, mb)
+    out = fn(*args)
+    for o in observers:
+        o.after(phase, worker, mb)
+    return out

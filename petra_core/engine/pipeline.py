@@ -23,20 +23,11 @@ from torch import Tensor
 from ..methods import Method
 from ..replicas import ReplicaRule, get_rule
 from .assembly import GetBatch, Replica
+from .host_memory import retain_freed_memory
 from .messages import ForwardMsg
-from .observers import Observer
+from .observers import Observer, observed
 from .schedule import Action, Schedule
 from .worker import HeadRecord, StageWorker
-
-
-def observed(observers: Sequence[Observer], phase: str, worker: StageWorker, mb: int | None, fn, *args):
-    """``fn(*args)`` between every observer's ``before`` and ``after`` of ``phase``."""
-    for o in observers:
-        o.before(phase, worker, mb)
-    out = fn(*args)
-    for o in observers:
-        o.after(phase, worker, mb)
-    return out
 
 
 def run_stage_tick(worker: StageWorker, action: Action, world, fetch: Callable[[int, int], tuple] | None,
@@ -81,6 +72,7 @@ class Pipeline:
     def __init__(self, replicas: list[Replica], schedule: Schedule, world, *, get_batch: GetBatch | None,
                  method: Method, rule: ReplicaRule | None = None, stage_costs: list[float] | None = None,
                  sync_timing: bool = False, offset: int = 0):
+        retain_freed_memory()  # every tick frees and reallocates activation-sized buffers (host_memory.py)
         self.replicas, self.schedule, self.world = replicas, schedule, world
         self.get_batch, self.method, self.rule = get_batch, method, get_rule(rule)
         self.stage_costs = stage_costs
@@ -136,22 +128,26 @@ class Pipeline:
                 rep.model.train()
         t0 = time.perf_counter()
         stage = None
+        backwarded: set[int] = set()  # stages that ran a backward: only they can become due
         try:
             self.world.begin_tick(self.tick)
             for rep in self.replicas:
                 local = self.tick - self.offset * rep.index  # this replica's own tick
                 if not 0 <= local < self.schedule.num_ticks:
                     continue
-                for worker in rep.workers:
-                    stage = worker.index
+                busy = self.schedule.busy(local)  # the stages with work (of a sequential schedule: one)
+                for stage in range(max(busy.start, self.stages.start), min(busy.stop, self.stages.stop)):
+                    worker = rep.workers[stage - self.stages.start]
                     action = self.schedule.action(local, stage)
-                    if action.busy and (rep.index, stage) in self.waiting:
+                    if (rep.index, stage) in self.waiting:
                         self._take_step(worker)  # its step waited for the replicas' exchange: now it is needed
                     if action.forward is not None:  # a rule may swap in another version of the weights
                         self.rule.before_forward(worker, self.world.replica_group(stage))
                     run_stage_tick(worker, action, self.world, self.fetch, self.observers)
+                    if action.backward is not None:
+                        backwarded.add(stage)
             stage = None
-            self._contribute(lambda w: w.step_due)
+            self._contribute(lambda w: w.step_due, backwarded | {j for _, j in self.waiting})  # waiting: ready?
             self.world.end_tick(self.tick)
             self.tick += 1
             if self.done:
@@ -173,11 +169,14 @@ class Pipeline:
             self.wall_s += t1 - t0
             self.tick_ends.append(t1)
 
-    def _contribute(self, due: Callable[[StageWorker], bool]) -> None:
+    def _contribute(self, due: Callable[[StageWorker], bool], stages: set[int] | None = None) -> None:
         """Every stage copy that is ``due`` gives its part to the replica rule; a copy the rule says
         is ready steps now, the others right before their next forward or backward (an exchange
-        over other processes runs meanwhile) or before anyone reads the weights."""
+        over other processes runs meanwhile) or before anyone reads the weights. ``stages``: those
+        to look at (default: all)."""
         for i, j in enumerate(self.stages):
+            if stages is not None and j not in stages:
+                continue  # nothing of it can be due
             group = self.world.replica_group(j)
             copies = [rep.workers[i] for rep in self.replicas]
             for worker in copies:

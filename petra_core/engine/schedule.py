@@ -91,6 +91,27 @@ class Schedule:
             self._valid(mb) if offset == 2 * (J - 1) - stage else None,
         )
 
+    def busy(self, tick: int) -> range:
+        """The stages that compute anything at ``tick`` (the others are idle): a contiguous run,
+        so a runner need not ask every stage of a sequential schedule, where one works per tick."""
+        J, N = self.num_stages, self.num_batches
+        if self.kind == "sequential":
+            mb, offset = divmod(tick, self.period)
+            if not 0 <= mb < N:
+                return range(0)
+            stage = offset if offset < J else 2 * (J - 1) - offset
+            return range(stage, stage + 1)
+        # the forward of tick - j is valid for tick - N < j <= tick, the backward of tick - 2(J-1) + j
+        # for 2(J-1) - tick <= j < 2(J-1) - tick + N; when both runs are non-empty they meet (a
+        # backward needs tick >= J - 1, where the forwards reach the last stage)
+        forward = range(max(0, tick - N + 1), min(J, tick + 1))
+        backward = range(max(0, 2 * (J - 1) - tick), min(J, 2 * (J - 1) - tick + N))
+        if not forward:
+            return backward
+        if not backward:
+            return forward
+        return range(min(forward.start, backward.start), max(forward.stop, backward.stop))
+
     def table(self) -> list[list[Action]]:
         """table[t][j] = action of stage j at tick t."""
         return [[self.action(t, j) for j in range(self.num_stages)] for t in range(self.num_ticks)]

@@ -94,6 +94,7 @@ class KeepGraph(StoragePolicy):
         self.records: dict[int, _Recorded] = {}
         self.stashes: dict[int, dict[str, Tensor]] = {}
         self._fixed: tuple[Tensor, ...] | None = None
+        self._graph_bytes: dict[tuple, int] = {}  # input signature -> bytes a record holds
 
     def _weights(self, stage: Stage, version: int) -> dict[str, Tensor] | None:
         """The weights the forward of ``version`` runs on: None = the stage's own (live) ones."""
@@ -104,11 +105,28 @@ class KeepGraph(StoragePolicy):
 
     def _record(self, stage, mb, x, input_grad, version):
         leaf = streams.leaves(x, input_grad)
-        # parameters, stashes and batch-norm statistics are not activations; the output is kept
+        weights = self._weights(stage, version)
+        # what autograd saves depends only on the input's kind, shapes and dtypes (a stage's code,
+        # placement and precision are fixed): measure it once per such signature, with hooks that
+        # see every saved tensor, and run the later forwards of that signature without them
+        signature = (tuple((t.shape, t.dtype, t.requires_grad) for t in streams.tensors(leaf)),
+                     weights is None, torch.is_autocast_enabled(streams.device(leaf).type))
+        graph_bytes = self._graph_bytes.get(signature)
+        if graph_bytes is None:
+            y, graph_bytes = self._measured_forward(stage, leaf, weights)
+            self._graph_bytes[signature] = graph_bytes
+        else:
+            y = stage(leaf) if weights is None else functional_call(stage, weights, (leaf,))
+        graph = LocalGraph(leaf, y, tuple(weights.values()) if weights is not None else None)
+        self.records[mb] = _Recorded(graph, streams.apply(Tensor.detach, x), version, graph_bytes, input_grad)
+        return y
+
+    def _measured_forward(self, stage, leaf, weights) -> tuple[Activation, int]:
+        """The stage's forward, and the bytes its record holds: every tensor autograd saves that is
+        not a parameter, a stash or a batch-norm statistic, plus the input leaves and the output."""
         if self._fixed is None:  # the stage's own tensors (it stays where it was placed)
             self._fixed = (*stage.parameters(), *stage.buffers())
         excluded = {t.untyped_storage().data_ptr() for t in self._fixed}
-        weights = self._weights(stage, version)
         if weights is not None:
             excluded |= {w.untyped_storage().data_ptr() for w in weights.values()}
         seen: dict[int, int] = {}
@@ -125,9 +143,7 @@ class KeepGraph(StoragePolicy):
             y = stage(leaf) if weights is None else functional_call(stage, weights, (leaf,))
         for t in (*streams.tensors(leaf), *streams.tensors(y)):  # held by the record whether or not autograd saved them
             seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        graph = LocalGraph(leaf, y, tuple(weights.values()) if weights is not None else None)
-        self.records[mb] = _Recorded(graph, streams.apply(Tensor.detach, x), version, sum(seen.values()), input_grad)
-        return y
+        return y, sum(seen.values())
 
     def local_graph(self, stage, mb, output, *, input_grad):
         return self.records.pop(mb).graph
