@@ -13,6 +13,7 @@ Both return a :class:`LocalGraph`, so the engine backpropagates through every st
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,28 @@ from torch import Tensor, nn
 
 from . import streams
 from .streams import Activation
+
+
+def backpropagate(outputs: Sequence[Tensor], grads: Sequence[Tensor | None], leaves: Sequence[Tensor],
+                  params: Sequence[Tensor]) -> None:
+    """``grads`` of ``outputs`` into the ``.grad`` of ``leaves`` and ``params``, as
+    ``torch.autograd.backward`` would put them there, but without its copy of a leaf's gradient that
+    the caller still holds: a coupling hands the next stage's δ_y to its input x̃ as is, and a
+    leaf's AccumulateGrad would clone it, an activation-sized copy per stage and minibatch."""
+    # a coupling passes its input on as an output; autograd.grad needs a node of its own there
+    outputs = [t.view_as(t) if t.is_leaf else t for t in outputs]
+    wrt = [t for t in (*leaves, *params) if t.requires_grad]
+    if not wrt:
+        return
+    for t, g in zip(wrt, torch.autograd.grad(outputs, wrt, grads, allow_unused=True)):
+        if g is None:
+            continue
+        if t.grad is not None:
+            t.grad.add_(g)
+        elif g.stride() != t.stride():  # AccumulateGrad's layout contract: a grad is laid out as its tensor
+            t.grad = torch.empty_strided(t.shape, t.stride(), dtype=g.dtype, device=g.device).copy_(g)
+        else:
+            t.grad = g
 
 
 @dataclass
@@ -39,10 +62,14 @@ class LocalGraph:
     def leaves(self) -> tuple[Tensor, ...]:
         return streams.tensors(self.inputs)
 
-    def backward(self, grad: Activation) -> None:
-        """Backpropagate δ_{j+1} (the gradient of the output) into the leaves and the weights."""
+    def backward(self, grad: Activation, params: Sequence[Tensor] | None = None) -> None:
+        """Backpropagate δ_{j+1} (the gradient of the output) into the leaves and the weights:
+        ``params``, the weights the graph was built on, or all that autograd reaches (None)."""
         pairs = [(t, g) for t, g in zip(streams.tensors(self.output), streams.tensors(grad)) if t.requires_grad]
-        torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+        if params is None:
+            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+        else:
+            backpropagate([t for t, _ in pairs], [g for _, g in pairs], self.leaves, params)
 
     def input_value(self) -> Activation:
         """The (possibly reconstructed) stage input, detached."""
@@ -70,7 +97,7 @@ class CouplingGraph(LocalGraph):
         x, x_tilde = self.inputs
         return (x_tilde + self.f, x)
 
-    def backward(self, grad: Activation) -> None:
+    def backward(self, grad: Activation, params: Sequence[Tensor] | None = None) -> None:
         x, x_tilde = self.inputs
         g_y, g_y_tilde = grad
         self.f.backward(g_y)
