@@ -116,7 +116,7 @@ class KeepGraph(StoragePolicy):
         # placement and precision are fixed): measure it once per such signature, with hooks that
         # see every saved tensor, and run the later forwards of that signature without them
         signature = (tuple((t.shape, t.dtype, t.requires_grad) for t in streams.tensors(leaf)),
-                     weights is None, torch.is_autocast_enabled(streams.device(leaf).type))
+                     weights is None, _autocast(streams.device(leaf).type))
         graph_bytes = self._graph_bytes.get(signature)
         if graph_bytes is None:
             y, graph_bytes = self._measured_forward(stage, leaf, weights)
@@ -174,6 +174,14 @@ class KeepGraph(StoragePolicy):
             for mb in sorted(state["records"]):
                 r = state["records"][mb]
                 self._record(stage, mb, r["x"], r["input_grad"], r["version"])
+
+
+def _autocast(device_type: str) -> bool:
+    """Is autocast on for ``device_type`` (False on a device that has none, such as meta)?"""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:
+        return False
 
 
 class StashWeights(KeepGraph):
