@@ -34,9 +34,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+from bench_methods import FLOP_RATIO  # Table 1's FLOPs per minibatch against backprop, one table for both
 from petra_core import Recipe, Simulator, build_model
 from petra_core.engine.host_memory import page_faults, retain_freed_memory
-from petra_core.methods import get_method
+from petra_core.methods import check_method_fits, get_method
 from petra_core.optim import make_optimizer
 
 
@@ -89,11 +90,6 @@ def timed(step, n: int, faults: list[float] | None = None) -> float:
     return elapsed
 
 
-def ideal_ratio(method: str) -> float:
-    """Table 1's FLOPs per minibatch against backprop: 4/3 where a stage's forward runs again."""
-    return 4 / 3 if get_method(method).reversible.recomputes else 1.0
-
-
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="revnet18")
@@ -133,8 +129,13 @@ def main(argv=None) -> dict:
     loops = {"plain": plain_loop(prepare(copy.deepcopy(base)), x, y, recipe),
              "backprop": engine_loop(prepare(copy.deepcopy(base)), "backprop", x, y, recipe)}
     for m in methods:
-        if m != "backprop" and (base.reversible_stages or not get_method(m).needs_reversible):
-            loops[m] = engine_loop(prepare(copy.deepcopy(base)), m, x, y, recipe)
+        if m == "backprop" or (get_method(m).needs_reversible and not base.reversible_stages):
+            continue  # PETRA on a ResNet: nothing to time
+        try:
+            check_method_fits(get_method(m), base)
+        except ValueError as err:  # local learning needs auxiliary heads, which this model has not
+            p.error(str(err))
+        loops[m] = engine_loop(prepare(copy.deepcopy(base)), m, x, y, recipe)
     for step in loops.values():  # warm-up: allocator, oneDNN primitive caches
         timed(step, 2)
     times: dict[str, list[float]] = {name: [] for name in loops}
@@ -142,15 +143,16 @@ def main(argv=None) -> dict:
     for _ in range(args.blocks):
         for name, step in loops.items():
             times[name].append(timed(step, args.steps, faults[name]))
+    others = [m for m in loops if m not in ("plain", "backprop")]
     ratio = {"backprop/plain": statistics.median(b / a for a, b in zip(times["plain"], times["backprop"]))}
-    for m in (m for m in loops if m not in ("plain", "backprop")):
+    for m in others:
         ratio[f"{m}/backprop"] = statistics.median(b / a for a, b in zip(times["backprop"], times[m]))
     result = {"arch": args.arch, "width": args.width, "batch": args.batch, "threads": args.threads,
               "channels_last": args.channels_last, "compile": args.compile,
               "host_malloc": "retain" if retain_freed_memory() else "system",
               "s_per_step": {name: statistics.median(t) for name, t in times.items()},
               "page_faults_per_step": {name: statistics.median(f) for name, f in faults.items()},
-              "ideal": {f"{m}/backprop": ideal_ratio(m) for m in loops if m not in ("plain", "backprop")},
+              "ideal": {f"{m}/backprop": FLOP_RATIO[m] for m in others if m in FLOP_RATIO},
               "ratio": ratio}
     print(f"{args.arch}, CIFAR stem, width {args.width}, batch {args.batch}, {args.threads} thread(s)"
           + (", channels-last" if args.channels_last else "") + (", torch.compile" if args.compile else "")

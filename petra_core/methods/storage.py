@@ -52,13 +52,7 @@ class StoragePolicy:
 
     def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor | None, labels: Tensor | None, k: int) -> None:
         """Backpropagate into the stage's parameters (and its input leaves, if they need a gradient)."""
-        graph.backward(grad, graph.weights if graph.weights is not None else self._live_params(stage))
-
-    def _live_params(self, stage: Stage) -> tuple[Tensor, ...]:
-        """The stage's own parameters (a policy serves one stage, which keeps its parameters)."""
-        if getattr(self, "_params", None) is None:
-            self._params = tuple(stage.parameters())
-        return self._params
+        graph.backward(grad, graph.weights if graph.weights is not None else tuple(stage.parameters()))
 
     def hand_gradients(self, graph: LocalGraph, params: list[Tensor]) -> None:
         """After ``graph`` was backpropagated: make sure its weight gradients are in ``params``'
