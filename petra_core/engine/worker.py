@@ -165,7 +165,8 @@ class StageWorker:
             with warnings.catch_warnings():  # torch warns of a schedule stepped before its optimizer
                 warnings.simplefilter("ignore", UserWarning)
                 self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        for p in self.params:  # the optimizer's zero_grad(set_to_none=True), without its wrapper (0.02 ms a stage)
+            p.grad = None
         self.steps += 1
         self.pending = 0
 
