@@ -1,9 +1,7 @@
 """Every committed run record names a clean code revision in main's history (its env.json's
-``git_revision``), so a reviewer can check out the code that trained it.
-
-Records trained before this check existed are listed in ``NOT_YET`` (each has an issue to
-retrain it or prove its equivalence); the list may only shrink: a record that is fine must leave
-it, and a new record outside it must pass.
+``git_revision``), so a reviewer can check out the code that trained it. (The records of a
+revision the repository never received, and of uncommitted code, were retrained at commits of
+main: docs/reproducing.md, "Reproducing a record on another machine".)
 """
 import json
 import subprocess
@@ -12,15 +10,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-
-# records whose revision is not checkable yet: the budget grid ran at 8ea0908, a commit that is not
-# in the repository (the six cpu-profile runs at dirty revisions were retrained at 63ed40f)
-BUDGET = "runs/budget/cifar10/revnet18-w8"
-NOT_YET = {
-    f"{BUDGET}/backprop-k1-seed0-e80",
-    f"{BUDGET}/delayed-k1-seed0-e80",
-    f"{BUDGET}/backprop-k1-seed1-e80", f"{BUDGET}/petra-k4-seed1-e80",
-}
 
 
 def git(*args):
@@ -32,6 +21,7 @@ def records():
 
 
 def problem(revision: str | None) -> str | None:
+    """Why a reviewer cannot check ``revision`` out (None: they can)."""
     if not revision:
         return "names no revision"
     if revision.endswith("-dirty"):
@@ -44,24 +34,24 @@ def problem(revision: str | None) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def checked():
+def history():
     if git("rev-parse", "--is-inside-work-tree").stdout.strip() != "true":
         pytest.skip("not a git checkout: no history to check revisions against")
     if git("rev-parse", "--is-shallow-repository").stdout.strip() == "true":
         pytest.skip("a shallow clone: the history the records name is not here (git fetch --unshallow)")
-    out = {}
-    for run in records():
-        env = json.loads((run / "env.json").read_text())
-        out[run.relative_to(ROOT).as_posix()] = problem(env.get("git_revision"))
-    return out
 
 
-def test_every_record_names_a_clean_revision_in_mains_history(checked):
-    bad = {run: why for run, why in checked.items() if why and run not in NOT_YET}
+def test_every_record_names_a_clean_revision_in_mains_history(history):
+    checked = {run.relative_to(ROOT).as_posix(): problem(json.loads((run / "env.json").read_text()).get("git_revision"))
+               for run in records()}
+    assert checked, "no run records found under runs/"
+    bad = {run: why for run, why in checked.items() if why}
     assert not bad, "records a reviewer cannot check out:\n" + "\n".join(f"  {r}: {w}" for r, w in sorted(bad.items()))
 
 
-def test_the_list_of_records_not_yet_checkable_only_shrinks(checked):
-    fixed = sorted(run for run in NOT_YET if run in checked and checked[run] is None)
-    assert not fixed, f"these records are checkable now: remove them from NOT_YET: {fixed}"
-    assert all(run in checked for run in NOT_YET), "NOT_YET names a record that does not exist"
+def test_the_check_refuses_what_a_reviewer_cannot_check_out(history):
+    head = git("rev-parse", "HEAD").stdout.strip()
+    assert problem(head) is None
+    assert "dirty" in problem(head + "-dirty")
+    assert "not in this repository" in problem("0" * 40)
+    assert problem(None) == "names no revision"
