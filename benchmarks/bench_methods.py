@@ -1,6 +1,7 @@
 """Time per minibatch and peak memory of every method relative to backprop (same model).
 
-    python benchmarks/bench_methods.py            # RevNet18, CIFAR stem, width 64, batch 64, 2 threads
+    python benchmarks/bench_methods.py                     # RevNet18, CIFAR stem, width 64, batch 64, 2 threads
+    python benchmarks/bench_methods.py --no-channels-last  # contiguous NCHW (default: channels-last, as a run)
 
 Each method runs in its own process (so peak RSS is its own). Time per minibatch is measured in
 the pipeline's steady state: for pipelined methods one tick does one forward and one backward at
@@ -30,6 +31,9 @@ def measure(args) -> dict:
     torch.manual_seed(0)
     model = build_model(args.arch, num_classes=10, width=args.width)
     x = torch.randn(args.batch, 3, 32, 32)
+    if args.channels_last:  # as a run does by default (RunConfig.channels_last)
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (args.batch,))
     J = len(model)
     warm, timed = (2 * (J - 1) + 1, args.steps) if args.method not in ("backprop", "revbackprop") else (1, args.steps)
@@ -46,6 +50,14 @@ def measure(args) -> dict:
             "peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def default_channels_last() -> bool:
+    """A run's default memory format, so the benchmark times what ``petra train`` runs."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from petra_core.run.config import RunConfig
+
+    return RunConfig().channels_last
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="revnet18")
@@ -54,6 +66,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=8, help="timed minibatches per method")
     p.add_argument("--methods", default="backprop,revbackprop,delayed,dsp,petra")
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=default_channels_last(),
+                   help="model and data in channels-last memory format (default: a run's default, %(default)s)")
     p.add_argument("--method", help=argparse.SUPPRESS)  # internal: measure one method in this process
     p.add_argument("--record", action="store_true", help="also write results/benchmarks/bench_methods-VARIANT.json (README's block is rendered from it)")
     args = p.parse_args()
@@ -65,7 +79,8 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from petra_core.report.benchmarks import Recorder
 
-        recorder = Recorder("bench_methods", f"{args.arch}-w{args.width}-t{args.threads}")
+        recorder = Recorder("bench_methods", f"{args.arch}-w{args.width}-t{args.threads}"
+                            + ("-cl" if args.channels_last else ""))
     rows = []
     for method in args.methods.split(","):
         cmd = [sys.executable, __file__, "--method", method, *[a for a in sys.argv[1:] if a != "--record"]]
@@ -74,7 +89,7 @@ def main() -> None:
         print(f"  measured {method}", file=sys.stderr)
     base = next(r for r in rows if r["method"] == "backprop")
     print(f"{args.arch}, CIFAR stem, width {args.width}, batch {args.batch}, {args.threads} threads, "
-          f"{args.steps} timed minibatches per method")
+          f"{'channels-last' if args.channels_last else 'contiguous NCHW'}, {args.steps} timed minibatches per method")
     print(f"{'method':<12}{'s/batch':>9}{'x backprop':>12}{'ideal FLOPs':>13}{'peak RSS MiB':>14}"
           f"{'x backprop':>12}{'kept MiB':>10}")
     for r in rows:
@@ -83,7 +98,7 @@ def main() -> None:
               f"{r['peak_rss_MiB'] / base['peak_rss_MiB']:>12.2f}{r['kept_MiB']:>10.0f}")
     if recorder is not None:
         result = {"arch": args.arch, "width": args.width, "batch": args.batch, "threads": args.threads,
-                  "steps": args.steps, "ideal_flop_ratio": FLOP_RATIO,
+                  "channels_last": args.channels_last, "steps": args.steps, "ideal_flop_ratio": FLOP_RATIO,
                   "methods": {r["method"]: {**r, "time_vs_backprop": r["s_per_batch"] / base["s_per_batch"],
                                             "rss_vs_backprop": r["peak_rss_MiB"] / base["peak_rss_MiB"]} for r in rows}}
         print(f"recorded: {recorder.write(result)}")

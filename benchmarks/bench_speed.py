@@ -2,7 +2,7 @@
 
     python benchmarks/bench_speed.py                               # RevNet18, CIFAR stem, width 8, batch 64, 1 thread
     python benchmarks/bench_speed.py --width 64 --threads 2        # the paper's width
-    python benchmarks/bench_speed.py --channels-last               # both sides in channels-last memory format
+    python benchmarks/bench_speed.py --no-channels-last            # both sides in contiguous NCHW (default: channels-last, as a run)
     python benchmarks/bench_speed.py --compile                     # every stage's modules through torch.compile
     python benchmarks/bench_speed.py --methods petra,dsp,delayed   # more methods against backprop
 
@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from bench_methods import FLOP_RATIO  # Table 1's FLOPs per minibatch against backprop, one table for both
 from petra_core import Recipe, Simulator, build_model
+from petra_core.run.config import RunConfig
 from petra_core.engine.host_memory import page_faults, retain_freed_memory
 from petra_core.methods import check_method_fits, get_method
 from petra_core.optim import make_optimizer
@@ -98,7 +99,8 @@ def main(argv=None) -> dict:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=5, help="steps per timed block")
     p.add_argument("--blocks", type=int, default=7, help="alternating timed blocks per loop")
-    p.add_argument("--channels-last", action="store_true", help="model and data in channels-last memory format")
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=RunConfig().channels_last,
+                   help="model and data in channels-last memory format (default: a run's default, %(default)s)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile every stage's submodules (forward and, for PETRA, the rebuild use them)")
     p.add_argument("--methods", default="petra",
