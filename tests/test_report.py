@@ -660,7 +660,7 @@ def test_the_readmes_benchmarks_are_rendered_from_benchmark_records(tmp_path, mo
     monkeypatch.setattr(sys, "argv", ["benchmarks/bench_speed.py", "--width", "4", "--steps", "1", "--blocks", "1"])
     bench_speed.main(["--width", "4", "--batch", "8", "--steps", "1", "--blocks", "1", "--record"])
     for name, result in {
-        "bench_methods": {"arch": "revnet18", "width": 64, "batch": 64, "threads": 2, "steps": 8,
+        "bench_methods": {"arch": "revnet18", "width": 64, "batch": 64, "threads": 2, "channels_last": True, "steps": 8,
                           "ideal_flop_ratio": {"backprop": 1.0, "petra": 4 / 3},
                           "methods": {"backprop": {"s_per_batch": 1.5, "peak_rss_MiB": 1800.0, "time_vs_backprop": 1.0,
                                                    "rss_vs_backprop": 1.0},
@@ -671,11 +671,11 @@ def test_the_readmes_benchmarks_are_rendered_from_benchmark_records(tmp_path, mo
                      "vs_two_threads": 1.06}}.items():
         Recorder(name, "fake").write(result)
     records = load(tmp_path / "results" / "benchmarks")
-    assert set(records) == {"bench_speed-revnet18-w4-t1", "bench_methods-fake", "bench_dp-fake"}
-    assert records["bench_speed-revnet18-w4-t1"]["command"].startswith("python benchmarks/bench_speed.py")
+    assert set(records) == {"bench_speed-revnet18-w4-t1-cl", "bench_methods-fake", "bench_dp-fake"}
+    assert records["bench_speed-revnet18-w4-t1-cl"]["command"].startswith("python benchmarks/bench_speed.py")
     block = render_benchmarks(tmp_path / "results")
     assert "× a plain PyTorch loop" in block and "× our backprop (ideal FLOP ratio 1.33)" in block
-    assert "petra 1.38 (ideal 1.33)" in block and "petra 1.50" in block
+    assert "petra 1.38 (ideal 1.33)" in block and "petra 1.50" in block and "threads, channels-last, one process" in block
     assert "1.80 × the images/s of one process with 1 thread" in block
     record = tmp_path / "results" / "benchmarks" / "bench_dp-fake.json"
     for other, says in [(0.02, "other processes used 0.02 cores meanwhile)"),
