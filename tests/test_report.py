@@ -342,7 +342,8 @@ def test_budget_profiles_render_table_2_at_their_largest_budget(budget, cost_tab
     results.write({name: budget[name] for name in results.FRAMES}, out)
     tables.render_all(out, cost_tables, tmp_path, profile="fakebudget")
     t2 = (tmp_path / "table2_accuracy.md").read_text()
-    assert "the largest of the profile's training budgets: 8 epochs" in t2
+    assert "Each model is reported at its largest training budget" in t2
+    assert "| Backprop | RevNet18 | 12.2M | 0.177M | 1 | 2,000 | 94.9 | 78.25 ± 0.35 (n = 2) | – | – |" in t2
     assert "78.25 ± 0.35 (n = 2)" in t2  # backprop at 8 epochs, two seeds
     gap = (tmp_path / "budget_gap.md").read_text()
     assert "| 2,000 | 8 | 78.25 ± 0.35 (n = 2) |" in gap and "234,375" in gap and "| PETRA k=1 | as trained |" in gap
@@ -410,8 +411,12 @@ def test_a_budget_profile_of_several_depths_has_a_series_and_a_trend_per_depth(d
     t2 = (tmp_path / "table2_accuracy.md").read_text()
     assert "| Backprop | ResNet34 |" in t2 and "| PETRA | RevNet34 |" in t2 and "95.3" in t2  # the paper's RevNet34
     assert "| 74.50 ± 0.71 (n = 2) |" in t2  # RevNet34 backprop at its own largest budget, 4 epochs
+    petra34 = next(line for line in t2.splitlines() if line.startswith("| PETRA | RevNet34 |"))
+    assert petra34.endswith("| 1,000 | 94.8 | 54.50 ± 0.71 (n = 2) | -0.5 | -20.00 |")  # gap at the same budget
     t3 = (tmp_path / "table3_memory.md").read_text()
-    assert "| CIFAR-10 | RevNet34 | 8 | PETRA | 1 | 9.0 | 0.25 |" in t3
+    # 18 stages of 0.5 MB: 16 reversible (8.0 MB), stem and head (1.0 MB)
+    assert "| CIFAR-10 | RevNet34 | 18 | 8 | PETRA | 1 | 9.0 | 0.25 | 0.5 | 8.0 | 1.0 | 2 |" in t3
+    assert "PETRA's reversible stages keep at most 8.0 MB\n(RevNet18, 10 stages; RevNet34, 18 stages)" in t3
     from petra_core.report.figures import budget_gap
 
     fig = budget_gap(depth["summary"], depth["results"], "fakedepth", load_paper_reference())

@@ -121,8 +121,10 @@ def memory_per_stage(memory: pd.DataFrame, profile: str):
         sub = m[(m.dataset == dataset) & (m.arch == arch) & (m.width == width)]
         order = sub.drop_duplicates("stage").sort_values("stage").stage_label
         sns.barplot(data=sub, x="stage_label", y="kept_mb", hue="run", order=order, ax=ax)
-        ax.set(xlabel="stage:kind (S stem, R reversible, D downsampling, H head)", ylabel="kept between fwd and bwd (MB)",
+        ax.set(xlabel="stage:kind (S stem, R reversible, D downsampling, B ResNet block, H head)", ylabel="kept between fwd and bwd (MB)",
                title=f"{labels.model_label(arch)} width {width}, {labels.DATASET_LABELS.get(dataset, dataset)}")
+        if len(order) > 12:  # 18 stages: labels side by side would overlap
+            ax.tick_params(axis="x", labelrotation=90, labelsize="small")
         ax.legend(fontsize="x-small")
     fig.suptitle(f"Memory per stage and method, measured in training (profile {profile})", y=1.02)
     return fig

@@ -83,19 +83,36 @@ def table2_context(frames: dict, profile: str, reference: dict | None = None) ->
             ks[d["key"]] = (int(best.k), sorted(int(k) for k in sub.k))
             cells[d["key"]] = {"paper": paper.get(d["key"]), "mean": best.top1_mean, "std": best.top1_std,
                                "n": int(best.n)}
+        budget = results[(results.method == method) & (results.arch == arch)]
         k_best = sorted({k for k, _ in ks.values()})
         k_tried = sorted({k for _, tried in ks.values() for k in tried})
         rows.append({"method": method, "arch": arch, "method_label": labels.METHOD_LABELS.get(method, method),
                      "local": method in labels.LOCAL_LEARNING,
                      "model": labels.model_label(arch), "params_paper": paper.get("params_m"),
                      "params_ours": int(g.params.iloc[0]), "k": "/".join(map(str, k_best)),
-                     "k_tried": ", ".join(map(str, k_tried)), "cells": cells})
+                     "k_tried": ", ".join(map(str, k_tried)), "cells": cells,
+                     "minibatches": int((budget.optimizer_steps * budget.k).max()) if not budget.empty else None})
+    _gaps_to_backprop(rows, datasets)
     rows.sort(key=lambda r: _row_order(r["method"], r["arch"]))
     seeds = {d["key"]: ref["seeds"].get(d["key"]) for d in datasets}
-    budget = "" if not varies_budget(frames["summary"]) else (
-        f" (the largest of the profile's training budgets: {int(results.epochs.max())} epochs)")
-    return {"profile": profile, "setting": describe_runs(results) + budget, "datasets": datasets, "rows": rows,
+    return {"profile": profile, "setting": describe_runs(results), "datasets": datasets, "rows": rows,
+            "varies_budget": varies_budget(frames["summary"]), "gaps": any(r["method"] != "backprop" for r in rows),
             "paper_source": ref["source"], "paper_seeds": seeds, "k_choices": ", ".join(map(str, ref["k_choices"]))}
+
+
+def _gaps_to_backprop(rows: list[dict], datasets: list[dict]) -> None:
+    """Each method's cell gains its gap to backprop on the same model (ours: at the same budget, the
+    model's largest), beside the paper's same gap: the number the paper's Table 2 is read for."""
+    backprop = {r["arch"]: r for r in rows if r["method"] == "backprop"}
+    for r in rows:
+        base = backprop.get(r["arch"]) if r["method"] != "backprop" else None
+        for d in datasets:
+            cell, ref = r["cells"][d["key"]], base["cells"][d["key"]] if base else None
+            same_budget = base is not None and base["minibatches"] == r["minibatches"]
+            cell["gap"] = cell["mean"] - ref["mean"] if same_budget and not labels.missing(cell["mean"]) \
+                and not labels.missing(ref["mean"]) else None
+            cell["paper_gap"] = cell["paper"] - ref["paper"] if ref is not None and cell["paper"] is not None \
+                and ref["paper"] is not None else None
 
 
 def table1_context(costs: dict, reference: dict | None = None) -> dict:
@@ -123,6 +140,28 @@ def table1_context(costs: dict, reference: dict | None = None) -> dict:
             "machine": info["machine"]}
 
 
+def _run_keys(frame: pd.DataFrame) -> list[str]:
+    """What tells a summary row's runs apart from the others (epochs only where the profile has it)."""
+    return [k for k in ("dataset", "arch", "width", "method", "k", "epochs") if k in frame.columns]
+
+
+def _kept_by_stage_kind(memory: pd.DataFrame) -> dict[tuple, dict[str, float]]:
+    """MB kept by a run's reversible stages and by the others (stem, downsampling, head), mean over
+    seeds: Table 3's claim is that PETRA's reversible stages keep nothing."""
+    if memory.empty:
+        return {}
+    m = memory.assign(part=["reversible" if k == "R" else "other" for k in memory.kind])
+    keys = _run_keys(memory)
+    per_run = m.groupby(keys + ["seed", "part"], as_index=False).kept_bytes.sum()
+    mean = per_run.groupby(keys + ["part"]).kept_bytes.mean() / 1e6
+    out: dict[tuple, dict[str, float]] = {}
+    for (*key, part), mb in mean.items():
+        out.setdefault(tuple(key), {})[part] = float(mb)
+    for key, n in memory.groupby(keys).stage.nunique().items():
+        out[key]["stages"] = int(n)
+    return out
+
+
 def table3_context(costs: dict, frames: dict | None, profile: str | None, reference: dict | None = None) -> dict:
     ref = (reference or load_paper_reference())["table3"]
     t3 = costs["table3"]
@@ -138,19 +177,27 @@ def table3_context(costs: dict, frames: dict | None, profile: str | None, refere
     measured = []
     if frames is not None and not frames["summary"].empty:
         s = at_largest_budget(frames["summary"])
+        by_kind = _kept_by_stage_kind(at_largest_budget(frames["memory"]))
         for r in s[s.arch.str.startswith("revnet")].itertuples():
+            kinds = by_kind.get(tuple(getattr(r, key) for key in _run_keys(s)), {})
             measured.append({"dataset": labels.DATASET_LABELS.get(r.dataset, r.dataset), "model": labels.model_label(r.arch),
                              "width": int(r.width), "method": labels.METHOD_LABELS.get(r.method, r.method), "k": int(r.k),
+                             "stages": kinds.get("stages"),
+                             "reversible_mb": kinds.get("reversible"), "other_mb": kinds.get("other"),
                              "total_mb": r.kept_total_mb_mean, "max_mb": r.kept_max_mb_mean, "n": int(r.n)})
         measured.sort(key=lambda m: (m["model"], m["method"], m["k"]))
         backprop = {(m["dataset"], m["model"], m["width"]): m["total_mb"] for m in measured if m["method"] == "Backprop"}
         for m in measured:  # what a method keeps against backprop's kept graph, same model
             base = backprop.get((m["dataset"], m["model"], m["width"]))
             m["vs_backprop"] = m["total_mb"] / base if base else None
+    petra = [m for m in measured if m["method"] == labels.METHOD_LABELS.get("petra", "petra")
+             and m["reversible_mb"] is not None]
     return {"rows": rows, "arch": labels.model_label(ref["arch"]), "batch": int(first.batch), "k": int(first.k),
             "image_size": int(first.image_size), "J": int(first.num_stages), "paper_source": ref["source"],
             "params_ours": int(costs["info"]["table3_params"]), "params_authors": int(ref["params_authors"]),
-            "bias_mb": float(bias_mb), "stem_gb": stem_gb, "measured": measured, "profile": profile}
+            "bias_mb": float(bias_mb), "stem_gb": stem_gb, "measured": measured, "profile": profile,
+            "petra_reversible_max_mb": max((m["reversible_mb"] for m in petra), default=None),
+            "petra_models": "; ".join(dict.fromkeys(f'{m["model"]}, {m["stages"]} stages' for m in petra))}
 
 
 def budget_context(frames: dict, profile: str, reference: dict | None = None) -> dict:
