@@ -722,3 +722,18 @@ def test_the_readmes_results_are_what_the_committed_records_give():
         "README.md's results block is stale: run `petra readme`\n" + render_block(root / "results"))
     block = render_block(root / "results")
     assert "PETRA (k = 1) minus" in block and "Table 3" in block
+
+
+def test_readme_says_how_a_deeper_models_gap_compares_with_the_10_stage_gap(depth):
+    """README's sentence per deeper model: its gap per budget, as a multiple of RevNet18's at the same
+    budget, its trend and the paper's own gap for that model (RevNet34: 94.8 - 95.3)."""
+    from petra_core.report.readme import _deeper
+
+    context = tables.budget_context(depth, "fakedepth")
+    shallow, deep = context["models"]
+    petra = [s["method"] for s in shallow["series"]].index("petra")
+    headline = {r["minibatches"]: r["cells"]["top1"]["series"][petra]["gap"] for r in shallow["rows"]}
+    d = _deeper(deep, headline, shallow["num_stages"])
+    assert (d["model"], d["stages"], d["shallow_stages"]) == ("RevNet34", 18, 10)
+    assert [(r["minibatches"], r["gap"], r["ratio"]) for r in d["rows"]] == [(500, -30.0, 1.5), (1000, -20.0, 2.0)]
+    assert d["paper_gap"] == pytest.approx(-0.5) and d["fit"]["factor_per_doubling"] == pytest.approx(20 / 30)

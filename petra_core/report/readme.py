@@ -72,10 +72,37 @@ def budget_part(frames: dict) -> dict | None:
         for a, b in zip(row["cells"]["top1"]["series"], row["cells"]["top1_bn_reestimated"]["series"]):
             if a["gap"] is not None and b["gap"] is not None and not (math.isnan(a["gap"]) or math.isnan(b["gap"])):
                 moved = max(moved, abs(b["gap"] - a["gap"]))
+    headline = {(g["minibatches"]): g["gap"] for g in gaps("petra", 1)}
     return {"petra": gaps("petra", 1), "delayed": gaps("delayed", 1), "backprop": backprop,
             "largest": largest["minibatches"], "epochs": largest["epochs"], "best_k": best[1], "best": best_cell,
             "fit": fit, "paper": context["paper"], "bn_moved": moved,
-            "within_2": abs(gaps("petra", 1)[-1]["gap"]) <= 2.0}
+            "within_2": abs(gaps("petra", 1)[-1]["gap"]) <= 2.0,
+            "deeper": [_deeper(m, headline, model["num_stages"]) for m in context["models"]
+                       if m["arch"] != "revnet18" and any(s["method"] == "petra" for s in m["series"])]}
+
+
+def _deeper(model: dict, headline: dict, headline_stages: int) -> dict:
+    """A deeper model's PETRA k = 1 gap per budget, against the 10-stage gap at the same budget and
+    the paper's own gap for that model (Table 2), with its trend to the paper's budget."""
+    from ..reference import load_paper_reference
+
+    index = next(i for i, s in enumerate(model["series"]) if (s["method"], s["k"]) == ("petra", 1))
+    paper = {r["method"]: r.get("cifar10") for r in load_paper_reference()["table2"]["rows"]
+             if r["arch"] == model["arch"] and r.get("variant") != "hub"}
+    rows = []
+    for row in model["rows"]:
+        cells = [row["cells"][metric]["series"][index] for metric in METRICS]
+        if cells[0]["gap"] is None or math.isnan(cells[0]["gap"]):
+            continue
+        shallow = headline.get(row["minibatches"])
+        rows.append({"minibatches": row["minibatches"], "gap": cells[0]["gap"], "gap_bn": cells[1]["gap"],
+                     "backprop": row["cells"]["top1"]["backprop"]["mean"], "petra": cells[0]["mean"],
+                     "shallow": shallow, "ratio": cells[0]["gap"] / shallow if shallow else None})
+    fit = next((t for t in model["trends"] if (t["method"], t["k"]) == ("petra", 1) and t["metric"] == METRICS["top1"]),
+               None)
+    paper_gap = paper["petra"] - paper["backprop"] if None not in (paper.get("petra"), paper.get("backprop")) else None
+    return {"model": model["model"], "stages": model["num_stages"], "shallow_stages": headline_stages, "rows": rows,
+            "fit": fit, "paper_gap": paper_gap}
 
 
 def cpu_part(frames: dict) -> dict | None:
