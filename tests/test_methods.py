@@ -249,3 +249,26 @@ def test_every_method_runs_a_whole_schedule_on_the_meta_device(method, replicas)
     pipe.run()
     assert pipe.done and all(w.steps == n // 2 for rep in pipe.replicas for w in rep.workers)
     assert next(pipe.model.parameters()).device.type == "meta"
+
+
+@pytest.mark.parametrize("method,k", [("backprop", 1), ("backprop", 2), ("revbackprop", 2)])
+def test_sequential_steps_deferred_to_the_periods_end_give_the_same_bits(method, k):
+    """One replica in a sequential schedule steps every stage at the period's last tick, not right
+    after its backward: no weight is read in between, so the bits are those of stepping at once."""
+    n = 5  # an odd count: the last accumulation group is partial
+    batches = make_batches(n)
+    runs = []
+    for defer in (True, False):
+        model = make_model()
+        sim = Simulator(model, method, num_batches=n, get_batch=batches.__getitem__, batch_size=6, k=k, recipe=LR)
+        assert sim.defer_steps
+        sim.defer_steps = defer
+        sim.run(ticks=sim.schedule.period + len(model) + 2)  # three backwards into the second period:
+        assert len(sim.deferred) == (3 if defer else 0)  # reading the weights takes their steps
+        mid = {name: t.clone() for name, t in sim.gather_state_dict().items()}
+        sim.run()
+        runs.append((mid, model.state_dict(), [r.loss for r in sim.head_log]))
+    (mid_a, end_a, loss_a), (mid_b, end_b, loss_b) = runs
+    assert loss_a == loss_b
+    for state_a, state_b in ((mid_a, mid_b), (end_a, end_b)):
+        assert all(torch.equal(state_a[name], state_b[name]) for name in state_a)

@@ -86,6 +86,12 @@ class Pipeline:
         self.offset = offset  # replica r runs its schedule offset * r ticks after replica 0 (cyclic execution)
         self.num_ticks = schedule.num_ticks + offset * (world.mesh.replicas - 1)
         self.waiting: dict[tuple[int, int], StageWorker] = {}  # (replica, stage) -> gave its part, not yet stepped
+        # One replica in a sequential schedule: no exchange to overlap with the backward, and no
+        # stage's weights are read again before the period ends, so its steps wait for the period's
+        # last tick and run back to back (the same bits; the optimizers' work is no longer
+        # interleaved with the backward's, which was measured to cost time at small widths)
+        self.defer_steps = schedule.kind == "sequential" and world.mesh.replicas == 1
+        self.deferred: set[int] = set()  # stages that ran a backward since the period began (defer_steps)
         self.tick = 0
         self.sync_timing = sync_timing and self.workers[0].device.type == "cuda"
         self.wall_s = 0.0  # seconds spent in this process's ticks
@@ -147,10 +153,17 @@ class Pipeline:
                     if action.backward is not None:
                         backwarded.add(stage)
             stage = None
-            self._contribute(lambda w: w.step_due, backwarded | {j for _, j in self.waiting})  # waiting: ready?
+            if self.defer_steps:
+                self.deferred |= backwarded
+                if (self.tick + 1) % self.schedule.period == 0:
+                    self._take_deferred_steps()
+            else:
+                self._contribute(lambda w: w.step_due, backwarded | {j for _, j in self.waiting})  # waiting: ready?
             self.world.end_tick(self.tick)
             self.tick += 1
             if self.done:
+                if self.deferred:
+                    self._take_deferred_steps()
                 for rep in self.replicas:
                     for worker in rep.workers:
                         worker.complete_partial_group()
@@ -187,6 +200,10 @@ class Pipeline:
                 if (worker.replica, j) in self.waiting and self.rule.ready(worker, group):
                     self._take_step(worker)
 
+    def _take_deferred_steps(self) -> None:
+        stages, self.deferred = self.deferred, set()
+        self._contribute(lambda w: w.step_due, stages | {j for _, j in self.waiting})
+
     def _take_step(self, worker: StageWorker) -> None:
         j = worker.index
         group = self.world.replica_group(j)
@@ -197,7 +214,10 @@ class Pipeline:
             self.rule.after_step(copies, group)
 
     def complete_steps(self) -> None:
-        """Take every step still waiting for the replicas' exchange (before the weights are read)."""
+        """Take every step still waiting for the replicas' exchange or for the period's end (before
+        the weights are read)."""
+        if self.deferred:
+            self._take_deferred_steps()
         for key in sorted(self.waiting):
             if key in self.waiting:
                 self._take_step(self.waiting[key])
