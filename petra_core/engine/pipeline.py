@@ -74,10 +74,8 @@ class Pipeline:
                  sync_timing: bool = False, offset: int = 0):
         retain_freed_memory()  # every tick frees and reallocates activation-sized buffers (host_memory.py)
         self.replicas, self.schedule, self.world = replicas, schedule, world
-        self.get_batch, self.method, self.rule = get_batch, method, get_rule(rule)
-        self.stage_costs = stage_costs
-        self.model, self.workers = replicas[0].model, replicas[0].workers
-        self.stages = world.stages
+        self.get_batch, self.method, self.rule, self.stage_costs = get_batch, method, get_rule(rule), stage_costs
+        self.model, self.workers, self.stages = replicas[0].model, replicas[0].workers, world.stages
         self.observers: list[Observer] = []
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
             raise ValueError(f"offset must be an integer >= 0 (ticks between replicas' starts), got {offset!r}")
@@ -86,12 +84,9 @@ class Pipeline:
         self.offset = offset  # replica r runs its schedule offset * r ticks after replica 0 (cyclic execution)
         self.num_ticks = schedule.num_ticks + offset * (world.mesh.replicas - 1)
         self.waiting: dict[tuple[int, int], StageWorker] = {}  # (replica, stage) -> gave its part, not yet stepped
-        # One replica in a sequential schedule: no exchange to overlap with the backward, and no
-        # stage's weights are read again before the period ends, so its steps wait for the period's
-        # last tick and run back to back (the same bits; the optimizers' work is no longer
-        # interleaved with the backward's, which was measured to cost time at small widths)
-        self.defer_steps = schedule.kind == "sequential" and world.mesh.replicas == 1
-        self.deferred: set[int] = set()  # stages that ran a backward since the period began (defer_steps)
+        # one replica, sequential: no exchange to overlap and no weight read before the period ends, so
+        self.defer_steps = schedule.kind == "sequential" and world.mesh.replicas == 1  # steps wait for it
+        self.deferred: set[int] = set()  # stages that ran a backward and have not been looked at for a step
         self.tick = 0
         self.sync_timing = sync_timing and self.workers[0].device.type == "cuda"
         self.wall_s = 0.0  # seconds spent in this process's ticks
@@ -99,17 +94,9 @@ class Pipeline:
         for rep in replicas:
             rep.model.train()
 
-    @property
-    def rank(self) -> int:
-        return self.world.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.world.world_size
-
-    @property
-    def placement(self) -> list[range]:
-        return self.world.placement
+    rank = property(lambda self: self.world.rank)  # this process's, and how many there are:
+    world_size = property(lambda self: self.world.world_size)
+    placement = property(lambda self: self.world.placement)  # list[range]: each pipeline position's stages
 
     @property
     def done(self) -> bool:
@@ -153,17 +140,12 @@ class Pipeline:
                     if action.backward is not None:
                         backwarded.add(stage)
             stage = None
-            if self.defer_steps:
-                self.deferred |= backwarded
-                if (self.tick + 1) % self.schedule.period == 0:
-                    self._take_deferred_steps()
-            else:
-                self._contribute(lambda w: w.step_due, backwarded | {j for _, j in self.waiting})  # waiting: ready?
+            self.deferred |= backwarded
+            if not self.defer_steps or (self.tick + 1) % self.schedule.period == 0:  # (a period ends the run)
+                self._take_deferred_steps()
             self.world.end_tick(self.tick)
             self.tick += 1
             if self.done:
-                if self.deferred:
-                    self._take_deferred_steps()
                 for rep in self.replicas:
                     for worker in rep.workers:
                         worker.complete_partial_group()
@@ -202,7 +184,7 @@ class Pipeline:
 
     def _take_deferred_steps(self) -> None:
         stages, self.deferred = self.deferred, set()
-        self._contribute(lambda w: w.step_due, stages | {j for _, j in self.waiting})
+        self._contribute(lambda w: w.step_due, stages | {j for _, j in self.waiting})  # waiting: ready?
 
     def _take_step(self, worker: StageWorker) -> None:
         j = worker.index
@@ -214,8 +196,7 @@ class Pipeline:
             self.rule.after_step(copies, group)
 
     def complete_steps(self) -> None:
-        """Take every step still waiting for the replicas' exchange or for the period's end (before
-        the weights are read)."""
+        """Take every step still waiting for the replicas' exchange or the period's end (before the weights are read)."""
         if self.deferred:
             self._take_deferred_steps()
         for key in sorted(self.waiting):
