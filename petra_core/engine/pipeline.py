@@ -84,8 +84,8 @@ class Pipeline:
         self.offset = offset  # replica r runs its schedule offset * r ticks after replica 0 (cyclic execution)
         self.num_ticks = schedule.num_ticks + offset * (world.mesh.replicas - 1)
         self.waiting: dict[tuple[int, int], StageWorker] = {}  # (replica, stage) -> gave its part, not yet stepped
-        # one replica, sequential: no exchange to overlap and no weight read before the period ends, so
-        self.defer_steps = schedule.kind == "sequential" and world.mesh.replicas == 1  # steps wait for it
+        # one sequential replica: nothing to overlap, no weight read mid-period: steps wait for its end
+        self.defer_steps = schedule.kind == "sequential" and world.mesh.replicas == 1  # (the same bits)
         self.deferred: set[int] = set()  # stages that ran a backward and have not been looked at for a step
         self.tick = 0
         self.sync_timing = sync_timing and self.workers[0].device.type == "cuda"
@@ -94,7 +94,7 @@ class Pipeline:
         for rep in replicas:
             rep.model.train()
 
-    rank = property(lambda self: self.world.rank)  # this process's, and how many there are:
+    rank = property(lambda self: self.world.rank)  # the world's, as the runner's own
     world_size = property(lambda self: self.world.world_size)
     placement = property(lambda self: self.world.placement)  # list[range]: each pipeline position's stages
 
