@@ -420,8 +420,9 @@ def test_a_budget_profile_of_several_depths_has_a_series_and_a_trend_per_depth(d
     from petra_core.report.figures import budget_gap
 
     fig = budget_gap(depth["summary"], depth["results"], "fakedepth", load_paper_reference())
-    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]  # one legend below both panels
     assert any(label.startswith("RevNet34 (18 stages): PETRA k=1") for label in labels)
+    assert any(label.startswith("RevNet34 (18 stages): PETRA k=1: trend,") for label in labels)
 
 
 # --- replica rules (the cdp profile) -------------------------------------------------------------

@@ -178,15 +178,21 @@ def budget_gap(summary: pd.DataFrame, results: pd.DataFrame, profile: str, refer
             fit = trend(frame, method, k, paper["minibatches"], metric, arch=arch)
             if fit is not None and fit["kind"] != "closed":
                 xs = np.geomspace(g.minibatches.max(), paper["minibatches"], 20)
-                ax.plot(xs, trend_curve(fit, xs), ls=":", color=color,
-                        label=f"  trend: {fit['predicted_gap']:+.1f} at the paper's budget")
+                ax.plot(xs, trend_curve(fit, xs), ls=":", color=color,  # the panels' trends differ: the label says which
+                        label=f"{name}: trend, {fit['predicted_gap']:+.2f} at the paper's budget ({what})")
         ax.axhline(0, color="black", lw=1)
         ax.scatter([paper["minibatches"]], [paper["gap"]], marker="*", s=160, color="black", zorder=5,
                    label=f"paper: CIFAR-10, {paper['epochs']} epochs (~{paper['minibatches']:,} minibatches)")
         ax.set_xscale("log")
         ax.set(xlabel="minibatches trained (log scale)", ylabel="top-1 minus backprop's (points)",
                title=f"top-1 {what}")
-        ax.legend(fontsize="x-small", loc="lower right")
+    # one legend below both panels: inside one, a dozen series hid the points they name
+    entries = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    fig.legend(list(entries.values()), list(entries), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=2, fontsize="x-small", frameon=False)
     first = frame.iloc[0]
     models = ", ".join(labels.model_label(a) for a in archs)
     fig.suptitle(f"Gap to backprop against training budget — {models} width "
