@@ -1,12 +1,14 @@
 """Oracles for the five methods run through the one stage algorithm (issue: methods + simulator)."""
 import copy
+import io
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from petra_core.engine.observers import BeforeStep
-from petra_core import METHODS, Recipe, Simulator, simulate
+from petra_core.engine import LocalWorld, assemble
+from petra_core.engine.observers import BeforeStep, Observer
+from petra_core import METHODS, Pipeline, Recipe, Simulator, simulate
 from petra_core.batchnorm import batches_tracked, frozen_running_stats
 from petra_core.methods import Reconstruct
 from petra_core.models import streams
@@ -89,9 +91,9 @@ def test_stash_oracle_delayed_gradients_use_the_forward_weights():
     for w in sim.workers:
         forward = w.forward
 
-        def recording_forward(msg, w=w, forward=forward):
+        def recording_forward(msg, *args, w=w, forward=forward):
             used[w.index, msg.mb] = copy.deepcopy(w.stage.state_dict())
-            return forward(msg)
+            return forward(msg, *args)
 
         w.forward = recording_forward
     sim.observers.append(BeforeStep(lambda w: grads.__setitem__((w.index, w.steps), stage_grads(w.stage).clone())))
@@ -139,9 +141,9 @@ def test_petra_reconstruction(recipe, exact):
             continue
         forward, local_graph = w.forward, w.storage.local_graph
 
-        def recording_forward(msg, w=w, forward=forward):
+        def recording_forward(msg, *args, w=w, forward=forward):
             true_inputs[w.index, msg.mb] = streams.join(msg.activation).clone()
-            return forward(msg)
+            return forward(msg, *args)
 
         def checking_local_graph(stage, mb, output, *, input_grad, w=w, local_graph=local_graph):
             with frozen_running_stats(stage):
@@ -272,3 +274,67 @@ def test_sequential_steps_deferred_to_the_periods_end_give_the_same_bits(method,
     assert loss_a == loss_b
     for state_a, state_b in ((mid_a, mid_b), (end_a, end_b)):
         assert all(torch.equal(state_a[name], state_b[name]) for name in state_a)
+
+
+def _train(method, arch, n, k, *, observe=False, precision="fp32", interrupt_at=None):
+    """A pipeline of ``method`` trained on ``n`` minibatches: (model state, losses, joins). With
+    ``interrupt_at``, saved at that tick and resumed on a fresh model and pipeline, as a run does."""
+    model, batches = make_model(arch), make_batches(n)
+
+    def pipeline(model):
+        pipe = Pipeline(**assemble(model, method, LocalWorld(), num_batches=n, get_batch=batches.__getitem__,
+                                   batch_size=6, k=k, recipe=LR, precision=precision))
+        if observe:
+            pipe.observers.append(Observer())
+        return pipe
+
+    pipe = pipeline(model)
+    if interrupt_at is not None:
+        pipe.run(ticks=interrupt_at)
+        buffer = io.BytesIO()
+        torch.save({"model": model.state_dict(), "pipeline": pipe.state_dict()}, buffer)
+        buffer.seek(0)
+        saved = torch.load(buffer, weights_only=False)
+        model = make_model(arch, seed=1)  # other weights, all replaced by the checkpoint's
+        model.load_state_dict(saved["model"])
+        pipe = pipeline(model)
+        pipe.load_state_dict(saved["pipeline"])
+    pipe.run()
+    return model.state_dict(), [r.loss for r in pipe.head_log], [w.joins_next for w in pipe.workers]
+
+
+def _same_bits(a, b):
+    return a[1] == b[1] and all(torch.equal(a[0][name], b[0][name]) for name in a[0])
+
+
+@pytest.mark.parametrize("arch,k,precision", [("revnet18", 1, "fp32"), ("revnet18", 2, "fp32"),
+                                              ("resnet18", 2, "fp32"), ("revnet18", 1, "bf16")])
+def test_joined_graphs_give_the_bits_of_a_graph_per_stage(arch, k, precision):
+    """Backprop in one process joins every stage's graph to the next one's (one autograd call per
+    minibatch); an observer keeps them apart (it times each stage's own backward). Same bits."""
+    n = 5  # the last accumulation group is partial
+    joined = _train("backprop", arch, n, k, precision=precision)
+    apart = _train("backprop", arch, n, k, precision=precision, observe=True)
+    assert joined[2] == [True] * (len(joined[2]) - 1) + [False]  # every stage but the head joins the next
+    assert _same_bits(joined, apart)
+
+
+@pytest.mark.parametrize("method", ["delayed", "petra", "revbackprop", "local"])
+def test_only_graphs_of_the_live_weights_under_a_sequential_schedule_join(method):
+    model = make_model(method=method)
+    pipe = Pipeline(**assemble(model, method, LocalWorld(), num_batches=1, get_batch=make_batches(1).__getitem__,
+                               batch_size=6, recipe=LR))
+    expected = [METHODS[method].schedule == "sequential" and w.storage.joins and b.storage.joins
+                for w, b in zip(pipe.workers, pipe.workers[1:])]
+    assert [w.joins_next for w in pipe.workers] == expected + [False]
+    assert not any(expected), method  # of the paper's methods, backprop alone keeps live graphs
+
+
+def test_a_joined_pipeline_saved_at_any_tick_of_a_period_resumes_to_the_same_bits():
+    """Saved mid-period, a joined graph is not saved (in-flight messages and records lose their
+    graph); the resumed stages backpropagate their own graphs and reach the same bits."""
+    n, k = 3, 2
+    whole = _train("backprop", "revnet18", n, k)
+    period = 2 * len(make_model()) - 1
+    for tick in range(period, 2 * period + 1):  # every tick of the second minibatch's period
+        assert _same_bits(_train("backprop", "revnet18", n, k, interrupt_at=tick), whole), tick

@@ -58,7 +58,24 @@ def build_workers(
         workers.append(StageWorker(model[j], j, J, method.storage_for(model[j], last=j == J - 1), opt, sched,
                                    k=k, send_input_back=send_back, replica=replica, precision=precision))
         workers[-1].tensor_offset, workers[-1].tensors_total = sum(counts[:j]), sum(counts)
+    join_graphs(workers, method.schedule)
     return workers
+
+
+def join_graphs(workers: list[StageWorker], schedule: str) -> None:
+    """Let neighbouring stages share one autograd graph where nothing can tell the difference.
+
+    Under a sequential schedule no weight moves between a minibatch's forward and its backward.
+    Two consecutive stages of this process on one device whose policies both keep their forward's
+    graph on the live weights (``StoragePolicy.joins``: backprop's) may then be one graph: the
+    first hands its output on attached, and the later stage's backward runs on through it. That
+    is one autograd call per minibatch instead of one per stage, with no leaf and no gradient copy
+    at the boundary; the gradients are the same bits (tests/test_methods.py). The runner joins
+    only while no observer watches (pipeline.run_stage_tick)."""
+    if schedule != "sequential":
+        return
+    for a, b in zip(workers, workers[1:]):
+        a.joins_next = (b.index == a.index + 1 and a.device == b.device and a.storage.joins and b.storage.joins)
 
 
 @dataclass

@@ -32,7 +32,8 @@ from .worker import HeadRecord, StageWorker
 
 def run_stage_tick(worker: StageWorker, action: Action, world, fetch: Callable[[int, int], tuple] | None,
                    observers: Sequence[Observer] = ()) -> None:
-    """One tick of one stage copy: forward (receive, compute, send), then backward (receive,
+    """One tick of one stage copy: forward (receive, compute, send: with its graph where the next
+    stage joins it, unless an observer watches each stage's own backward), then backward (receive,
     rebuild, backpropagate, send). ``fetch(replica, mb)`` gives stage 0 its minibatch."""
     j, r = worker.index, worker.replica
     if action.forward is not None:
@@ -43,7 +44,7 @@ def run_stage_tick(worker: StageWorker, action: Action, world, fetch: Callable[[
             msg = world.recv_forward(r, j)
             if msg.mb != mb:
                 raise RuntimeError(f"stage {j}: expected activation of minibatch {mb}, got {msg.mb}")
-        out = observed(observers, "forward", worker, mb, worker.forward, msg)
+        out = observed(observers, "forward", worker, mb, worker.forward, msg, worker.joins_next and not observers)
         if out is not None:
             observed(observers, "send", worker, mb, world.send_forward, r, j, out)
             for o in observers:
@@ -98,9 +99,7 @@ class Pipeline:
     world_size = property(lambda self: self.world.world_size)
     placement = property(lambda self: self.world.placement)  # list[range]: each pipeline position's stages
 
-    @property
-    def done(self) -> bool:
-        return self.tick >= self.num_ticks
+    done = property(lambda self: self.tick >= self.num_ticks)
 
     # ---- running ----------------------------------------------------------------------------------
     def fetch(self, replica: int, mb: int):

@@ -85,6 +85,7 @@ class StageWorker:
         self.send_input_back = send_input_back  # does stage index-1 rebuild its input from its output?
         self.input_grad = not self.is_first and storage.gradient_out  # is a gradient sent back?
         self.gradient_in = not self.is_last and storage.gradient_in  # does one come from the next stage?
+        self.joins_next = False  # may the next stage's graph go on into this one's? (assembly.join_graphs)
         self.steps = 0  # optimizer steps taken = version of the weights
         self.pending = 0  # backward passes accumulated since the last step
         self.labels: dict[int, Tensor] = {}  # head only: labels of in-flight minibatches
@@ -100,7 +101,8 @@ class StageWorker:
         """``a`` on this stage's device (an asynchronous copy when it comes from another GPU)."""
         return streams.apply(lambda t: t if t.device == self.device else t.to(self.device, non_blocking=True), a)
 
-    def forward(self, msg: ForwardMsg) -> ForwardMsg | None:
+    def forward(self, msg: ForwardMsg, attached: bool = False) -> ForwardMsg | None:
+        """``attached``: hand the output on with its graph (the next stage joins it, :attr:`joins_next`)."""
         x = self._here(msg.activation)
         with compute(self.precision, self.device):
             y = self.storage.forward(self.stage, msg.mb, x, input_grad=self.input_grad, version=self.steps)
@@ -109,7 +111,8 @@ class StageWorker:
             self.labels[msg.mb] = self._here(msg.labels)
         # never 16-bit on the wire: the residual stream a reversible stage rebuilds its input from
         # stays float32 under bf16 (a no-op otherwise)
-        return None if self.is_last else ForwardMsg(msg.mb, streams.apply(lambda t: widen(t.detach()), y), msg.labels)
+        out = y if attached else streams.apply(Tensor.detach, y)
+        return None if self.is_last else ForwardMsg(msg.mb, streams.apply(widen, out), msg.labels)
 
     def rebuild(self, mb: int, msg: BackwardMsg | None) -> LocalGraph:
         """The local graph of minibatch ``mb`` (``msg``: what the next stage sent back, if anything)."""
@@ -130,8 +133,10 @@ class StageWorker:
             if self.gradient_in and (msg is None or msg.mb != mb):
                 raise RuntimeError(f"stage {self.index}: expected the gradient of minibatch {mb}, got "
                                    f"{None if msg is None else msg.mb}")
-            grad = self._here(msg.grad) if self.gradient_in else None
-            self.storage.backward(self.stage, graph, grad, labels, self.k)
+            if not self.gradient_in:
+                self.storage.backward(self.stage, graph, None, labels, self.k)
+            elif msg.grad is not None:  # None: the next stage's graph joined this one, whose backward has run
+                self.storage.backward(self.stage, graph, self._here(msg.grad), labels, self.k)
         self.storage.hand_gradients(graph, self.params)
         out = None
         if self.input_grad:

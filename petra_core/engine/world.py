@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from .copies import DeviceCopies
-from .messages import BackwardMsg, ForwardMsg
+from .messages import BackwardMsg, ForwardMsg, saved
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,7 +206,7 @@ class LocalWorld:
             for _, event in q:
                 if event is not None:  # a copy between GPUs may still be running: let it land first
                     event.synchronize()
-        return {key: [(type(m).__name__, dataclasses.asdict(m)) for m, _ in q] for key, q in self.queues.items() if q}
+        return {key: [(type(m).__name__, saved(m)) for m, _ in q] for key, q in self.queues.items() if q}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the FIFOs; every tensor goes to the device of the stage that receives it (a

@@ -64,6 +64,7 @@ class LocalHead(KeepGraph):
     """The network's head under local learning: the real loss, but no gradient sent back."""
 
     gradient_out = False
+    joins = False  # nothing crosses into the previous stage
 
 
 class LocalLoss(KeepGraph):
@@ -73,6 +74,7 @@ class LocalLoss(KeepGraph):
     needs_labels = True
     gradient_in = False  # no gradient comes from the next stage ...
     gradient_out = False  # ... and none goes to the previous one
+    joins = False
 
     def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor | None, labels: Tensor, k: int) -> None:
         (F.cross_entropy(stage.aux(widen(streams.join(graph.output))), labels) / k).backward()
@@ -83,6 +85,7 @@ class ForwardGradient(KeepGraph):
 
     needs_labels = True
     space = "weight"
+    joins = False  # its backward projects the output's gradient: the true one must arrive
 
     def guess(self, stage: Stage, graph: LocalGraph, labels: Tensor, k: int, wrt: list[Tensor],
               target: list[Tensor], output: Activation | None = None) -> list[Tensor]:

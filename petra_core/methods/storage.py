@@ -43,6 +43,9 @@ class StoragePolicy:
     gradient_in = True  # does the backward need the gradient of the output, from the next stage?
     gradient_out = True  # does the backward send the input's gradient to the previous stage?
     needs_labels = False  # does the backward need the minibatch's labels (a local loss)?
+    # may its graph go on into the previous stage's? Only a graph of the live weights, whose backward
+    # needs nothing but the output's gradient (engine/assembly.py: join_graphs)
+    joins = False
 
     def forward(self, stage: Stage, mb: int, x: Tensor, *, input_grad: bool, version: int) -> Tensor:
         raise NotImplementedError
@@ -89,6 +92,7 @@ class KeepGraph(StoragePolicy):
     name = "graph"
     keeps = ("graph",)
     stash = False
+    joins = True
 
     def __init__(self):
         self.records: dict[int, _Recorded] = {}
@@ -104,7 +108,10 @@ class KeepGraph(StoragePolicy):
         return self._record(stage, mb, x, input_grad, version)
 
     def _record(self, stage, mb, x, input_grad, version):
-        leaf = streams.leaves(x, input_grad)
+        # an input that arrives with its graph (the previous stage handed its output on attached:
+        # join_graphs) is taken as it is, and the backward runs on through that stage
+        joined = self.joins and any(t.requires_grad for t in streams.tensors(x))
+        leaf = x if joined else streams.leaves(x, input_grad)
         weights = self._weights(stage, version)
         # what autograd saves depends only on the input's kind, shapes and dtypes (a stage's code,
         # placement and precision are fixed): measure it once per such signature, with hooks that
@@ -117,7 +124,7 @@ class KeepGraph(StoragePolicy):
             self._graph_bytes[signature] = graph_bytes
         else:
             y = stage(leaf) if weights is None else functional_call(stage, weights, (leaf,))
-        graph = LocalGraph(leaf, y, tuple(weights.values()) if weights is not None else None)
+        graph = LocalGraph(leaf, y, tuple(weights.values()) if weights is not None else None, joined)
         self.records[mb] = _Recorded(graph, streams.apply(Tensor.detach, x), version, graph_bytes, input_grad)
         return y
 
@@ -189,6 +196,7 @@ class StashWeights(KeepGraph):
     name = "graph+stash"
     keeps = ("graph", "weight_stash")
     stash = True
+    joins = False  # its graph is of a stashed copy of the weights
 
     def _weights(self, stage, version):
         if version not in self.stashes:

@@ -51,12 +51,15 @@ class LocalGraph:
 
     ``inputs`` is the stage input as autograd leaves, in the activation's own kind (a tensor, or
     a RevNet's pair of streams, ``models/streams.py``), so after ``backward(grad)`` their ``.grad``
-    is the input gradient δ_j.
+    is the input gradient δ_j. A *joined* graph's inputs are the previous stage's outputs
+    themselves, graph and all: its backward runs on into that stage (and any it joins), whose
+    weights receive their gradients with this stage's, and no input gradient is left to send.
     """
 
     inputs: Activation
     output: Activation
     weights: tuple[Tensor, ...] | None = None  # stashed weight copies the graph was built on, if any
+    joined: bool = False
 
     @property
     def leaves(self) -> tuple[Tensor, ...]:
@@ -66,7 +69,7 @@ class LocalGraph:
         """Backpropagate δ_{j+1} (the gradient of the output) into the leaves and the weights:
         ``params``, the weights the graph was built on, or all that autograd reaches (None)."""
         pairs = [(t, g) for t, g in zip(streams.tensors(self.output), streams.tensors(grad)) if t.requires_grad]
-        if params is None:
+        if params is None or self.joined:
             torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
         else:
             backpropagate([t for t, _ in pairs], [g for _, g in pairs], self.leaves, params)
@@ -76,8 +79,9 @@ class LocalGraph:
         return streams.apply(Tensor.detach, self.inputs)
 
     def input_grad(self) -> Activation | None:
-        """δ_j, the gradient with respect to the stage input (None if the input needs none)."""
-        return streams.grads(self.inputs)
+        """δ_j, the gradient with respect to the stage input (None if the input needs none, or the
+        graph is joined: the backward went on into the previous stage)."""
+        return None if self.joined else streams.grads(self.inputs)
 
 
 class CouplingGraph(LocalGraph):
