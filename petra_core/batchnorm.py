@@ -12,15 +12,27 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from weakref import WeakKeyDictionary
 
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+
+_NORMS: WeakKeyDictionary = WeakKeyDictionary()  # module -> its batch-norm layers
+
+
+def norms_of(module: nn.Module) -> list[_BatchNorm]:
+    """The batch-norm layers of ``module``, found once: a stage's layers are fixed when it is built,
+    and a pipelined method freezes every stage's statistics twice a tick."""
+    norms = _NORMS.get(module)
+    if norms is None:
+        norms = _NORMS[module] = [m for m in module.modules() if isinstance(m, _BatchNorm)]
+    return norms
 
 
 @contextmanager
 def frozen_running_stats(module: nn.Module) -> Iterator[None]:
     """Normalise with batch statistics but leave running statistics (and their counter) untouched."""
-    norms = [m for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
+    norms = [m for m in norms_of(module) if m.track_running_stats]
     for m in norms:
         m.track_running_stats = False
     try:

@@ -55,7 +55,16 @@ class StoragePolicy:
 
     def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor | None, labels: Tensor | None, k: int) -> None:
         """Backpropagate into the stage's parameters (and its input leaves, if they need a gradient)."""
-        graph.backward(grad, graph.weights if graph.weights is not None else tuple(stage.parameters()))
+        graph.backward(grad, graph.weights if graph.weights is not None else self.parameters_of(stage))
+
+    _listed: tuple[Stage, tuple[Tensor, ...]] | None = None
+
+    def parameters_of(self, stage: Stage) -> tuple[Tensor, ...]:
+        """``stage``'s parameters, listed once: a policy serves one stage, whose parameters are fixed
+        when it is built (walking its modules costs more than a small stage's backward kernels)."""
+        if self._listed is None or self._listed[0] is not stage:
+            self._listed = (stage, tuple(stage.parameters()))
+        return self._listed[1]
 
     def hand_gradients(self, graph: LocalGraph, params: list[Tensor]) -> None:
         """After ``graph`` was backpropagated: make sure its weight gradients are in ``params``'
@@ -218,8 +227,8 @@ class StashWeights(KeepGraph):
                 w.grad = None
 
     def kept_bytes(self):
-        return {**super().kept_bytes(),
-                "weight_stash": sum(streams.nbytes(w) for s in self.stashes.values() for w in s.values())}
+        one = next(iter(self.stashes.values()), {})  # every stash is a copy of all the stage's weights
+        return {**super().kept_bytes(), "weight_stash": len(self.stashes) * sum(streams.nbytes(w) for w in one.values())}
 
 
 class KeepInput(StoragePolicy):
@@ -231,17 +240,21 @@ class KeepInput(StoragePolicy):
 
     def __init__(self):
         self.inputs: dict[int, Activation] = {}
+        self.input_bytes = 0  # of self.inputs, kept up to date (read after every forward)
 
     def forward(self, stage, mb, x, *, input_grad, version):
         self.inputs[mb] = streams.apply(Tensor.detach, x)
+        self.input_bytes += streams.nbytes(x)
         with torch.no_grad(), frozen_running_stats(stage):
             return stage(x)
 
     def local_graph(self, stage, mb, output, *, input_grad):
-        return stage.rebuild(self.inputs.pop(mb), input_grad=input_grad)
+        x = self.inputs.pop(mb)
+        self.input_bytes -= streams.nbytes(x)
+        return stage.rebuild(x, input_grad=input_grad)
 
     def kept_bytes(self):
-        return {"input": sum(streams.nbytes(x) for x in self.inputs.values())}
+        return {"input": self.input_bytes}
 
     def in_flight(self):
         return len(self.inputs)
@@ -251,6 +264,7 @@ class KeepInput(StoragePolicy):
 
     def load_state_dict(self, stage, state):
         self.inputs = dict(state["inputs"])
+        self.input_bytes = sum(streams.nbytes(x) for x in self.inputs.values())
 
 
 @dataclass
