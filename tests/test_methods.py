@@ -276,10 +276,13 @@ def test_sequential_steps_deferred_to_the_periods_end_give_the_same_bits(method,
         assert all(torch.equal(state_a[name], state_b[name]) for name in state_a)
 
 
-def _train(method, arch, n, k, *, observe=False, precision="fp32", interrupt_at=None):
+def _train(method, arch, n, k, *, observe=False, precision="fp32", channels_last=False, interrupt_at=None):
     """A pipeline of ``method`` trained on ``n`` minibatches: (model state, losses, joins). With
     ``interrupt_at``, saved at that tick and resumed on a fresh model and pipeline, as a run does."""
     model, batches = make_model(arch), make_batches(n)
+    if channels_last:  # as a run does by default: gradients then come back in more than one layout
+        model = model.to(memory_format=torch.channels_last)
+        batches = [(x.contiguous(memory_format=torch.channels_last), y) for x, y in batches]
 
     def pipeline(model):
         pipe = Pipeline(**assemble(model, method, LocalWorld(), num_batches=n, get_batch=batches.__getitem__,
@@ -307,14 +310,17 @@ def _same_bits(a, b):
     return a[1] == b[1] and all(torch.equal(a[0][name], b[0][name]) for name in a[0])
 
 
-@pytest.mark.parametrize("arch,k,precision", [("revnet18", 1, "fp32"), ("revnet18", 2, "fp32"),
-                                              ("resnet18", 2, "fp32"), ("revnet18", 1, "bf16")])
-def test_joined_graphs_give_the_bits_of_a_graph_per_stage(arch, k, precision):
+@pytest.mark.parametrize("arch,k,precision,channels_last", [
+    ("revnet18", 1, "fp32", False), ("revnet18", 2, "fp32", True), ("resnet18", 2, "fp32", True),
+    ("resnet18", 1, "fp32", False), ("revnet18", 1, "bf16", True)])
+def test_joined_graphs_give_the_bits_of_a_graph_per_stage(arch, k, precision, channels_last):
     """Backprop in one process joins every stage's graph to the next one's (one autograd call per
-    minibatch); an observer keeps them apart (it times each stage's own backward). Same bits."""
+    minibatch); an observer keeps them apart (it times each stage's own backward). Same bits, also
+    in channels-last, where a gradient crossing a stage boundary must keep the activation's layout
+    (``streams.attached``)."""
     n = 5  # the last accumulation group is partial
-    joined = _train("backprop", arch, n, k, precision=precision)
-    apart = _train("backprop", arch, n, k, precision=precision, observe=True)
+    joined = _train("backprop", arch, n, k, precision=precision, channels_last=channels_last)
+    apart = _train("backprop", arch, n, k, precision=precision, channels_last=channels_last, observe=True)
     assert joined[2] == [True] * (len(joined[2]) - 1) + [False]  # every stage but the head joins the next
     assert _same_bits(joined, apart)
 

@@ -111,8 +111,8 @@ class StageWorker:
             self.labels[msg.mb] = self._here(msg.labels)
         # never 16-bit on the wire: the residual stream a reversible stage rebuilds its input from
         # stays float32 under bf16 (a no-op otherwise)
-        out = y if attached else streams.apply(Tensor.detach, y)
-        return None if self.is_last else ForwardMsg(msg.mb, streams.apply(widen, out), msg.labels)
+        out = streams.apply(widen, y if attached else streams.apply(Tensor.detach, y))
+        return None if self.is_last else ForwardMsg(msg.mb, streams.attached(out) if attached else out, msg.labels)
 
     def rebuild(self, mb: int, msg: BackwardMsg | None) -> LocalGraph:
         """The local graph of minibatch ``mb`` (``msg``: what the next stage sent back, if anything)."""

@@ -71,6 +71,29 @@ def streams_of(t: Tensor) -> tuple[Tensor, Tensor]:
     return dense(a), dense(b)
 
 
+class _GradInOwnLayout(torch.autograd.Function):
+    """The identity, whose backward hands the gradient on laid out as the tensor itself is."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor) -> Tensor:
+        ctx.layout = (t.shape, t.stride())
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        shape, stride = ctx.layout
+        return g if g.stride() == stride else torch.empty_strided(shape, stride, dtype=g.dtype, device=g.device).copy_(g)
+
+
+def attached(a: Activation) -> Activation:
+    """``a`` with its graph, for a next stage that joins it (``engine/assembly.py: join_graphs``).
+    Its gradient comes back laid out as ``a`` is, as a separate stage's input leaf would receive
+    it (autograd's layout contract for a leaf's ``.grad``): a channels-last activation gets a
+    channels-last gradient, so the earlier stage's kernels, and its bits, are those of separate
+    graphs."""
+    return apply(_GradInOwnLayout.apply, a)
+
+
 def leaves(a: Activation, requires_grad: bool) -> Activation:
     """``a`` detached into fresh autograd leaves (a local graph's inputs); integer tensors never
     require a gradient."""
