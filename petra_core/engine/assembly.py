@@ -75,7 +75,7 @@ def join_graphs(workers: list[StageWorker], schedule: str) -> None:
     if schedule != "sequential":
         return
     for a, b in zip(workers, workers[1:]):
-        a.joins_next = (b.index == a.index + 1 and a.device == b.device and a.storage.joins and b.storage.joins)
+        a.joins_next = a.device == b.device and a.storage.joins and b.storage.joins  # workers of a range of stages
 
 
 @dataclass

@@ -7,12 +7,13 @@ On a 2-core machine, RevNet18 at width 8, batch 64, that is about 10,000 page fa
 of the step's time in the kernel, more when a pipeline's stages free their buffers at different
 ticks than one autograd graph would (``benchmarks/bench_speed.py`` prints the faults per step).
 
-:func:`retain_freed_memory` sets three ``mallopt`` parameters: every buffer of the main thread comes
-from the heap (no ``mmap`` of its own, however large: at width 64 a stage's activation passes
-the 32 MiB that is glibc's largest mmap threshold, and delayed gradients then faulted 5,000 pages a
-minibatch back in), and the heap is trimmed only when 1 GiB is free at its top. The process keeps
-what it has freed for reuse; its peak resident memory is what the run needs at its peak either way. It changes where buffers live, never what is computed: the bits of
-a run are the same with and without it (``tests/test_host_memory.py``).
+:func:`retain_freed_memory` sets three ``mallopt`` parameters: every buffer of the main thread
+comes from the heap (no ``mmap`` of its own, however large: at width 64 a stage's activation
+passes the 32 MiB that is glibc's largest mmap threshold, and delayed gradients then faulted
+5,000 pages a minibatch back in), and the heap is trimmed only when 1 GiB is free at its top. The
+process keeps what it has freed for reuse; its peak resident memory is what the run needs at its
+peak either way. It changes where buffers live, never what is computed: the bits of a run are
+the same with and without it (``tests/test_host_memory.py``).
 
 It is process-wide and applied once, by the first pipeline a process builds (the simulator, each
 rank of a distributed run, the benchmarks). ``PETRA_HOST_MALLOC=system`` leaves glibc's defaults;

@@ -111,8 +111,8 @@ class StageWorker:
             self.labels[msg.mb] = self._here(msg.labels)
         # never 16-bit on the wire: the residual stream a reversible stage rebuilds its input from
         # stays float32 under bf16 (a no-op otherwise)
-        out = streams.apply(widen, y if attached else streams.apply(Tensor.detach, y))
-        return None if self.is_last else ForwardMsg(msg.mb, streams.attached(out) if attached else out, msg.labels)
+        out = streams.attached(streams.apply(widen, y)) if attached else streams.apply(lambda t: widen(t.detach()), y)
+        return None if self.is_last else ForwardMsg(msg.mb, out, msg.labels)
 
     def rebuild(self, mb: int, msg: BackwardMsg | None) -> LocalGraph:
         """The local graph of minibatch ``mb`` (``msg``: what the next stage sent back, if anything)."""
@@ -134,9 +134,9 @@ class StageWorker:
                 raise RuntimeError(f"stage {self.index}: expected the gradient of minibatch {mb}, got "
                                    f"{None if msg is None else msg.mb}")
             if not self.gradient_in:
-                self.storage.backward(self.stage, graph, None, labels, self.k)
+                self.storage.backward(self.stage, graph, None, labels, self.k, self.params)
             elif msg.grad is not None:  # None: the next stage's graph joined this one, whose backward has run
-                self.storage.backward(self.stage, graph, self._here(msg.grad), labels, self.k)
+                self.storage.backward(self.stage, graph, self._here(msg.grad), labels, self.k, self.params)
         self.storage.hand_gradients(graph, self.params)
         out = None
         if self.input_grad:

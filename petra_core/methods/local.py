@@ -76,7 +76,8 @@ class LocalLoss(KeepGraph):
     gradient_out = False  # ... and none goes to the previous one
     joins = False
 
-    def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor | None, labels: Tensor, k: int) -> None:
+    def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor | None, labels: Tensor, k: int,
+                 params=None) -> None:
         (F.cross_entropy(stage.aux(widen(streams.join(graph.output))), labels) / k).backward()
 
 
@@ -102,7 +103,7 @@ class ForwardGradient(KeepGraph):
                 p.grad = g if p.grad is None else p.grad + g
         return [torch.zeros_like(w) if g is None else g for w, g in zip(wrt, grads[:len(wrt)])]
 
-    def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor, labels: Tensor, k: int) -> None:
+    def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor, labels: Tensor, k: int, params=None) -> None:
         heads = {id(q) for q in stage.aux.parameters()}
         params = [p for p in stage.parameters() if id(p) not in heads]
         leaves = [leaf for leaf in graph.leaves if leaf.requires_grad]  # the true input gradient goes back

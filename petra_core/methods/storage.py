@@ -21,6 +21,7 @@ The policies:
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -53,18 +54,14 @@ class StoragePolicy:
     def local_graph(self, stage: Stage, mb: int, output: Tensor | None, *, input_grad: bool) -> LocalGraph:
         raise NotImplementedError
 
-    def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor | None, labels: Tensor | None, k: int) -> None:
-        """Backpropagate into the stage's parameters (and its input leaves, if they need a gradient)."""
-        graph.backward(grad, graph.weights if graph.weights is not None else self.parameters_of(stage))
-
-    _listed: tuple[Stage, tuple[Tensor, ...]] | None = None
-
-    def parameters_of(self, stage: Stage) -> tuple[Tensor, ...]:
-        """``stage``'s parameters, listed once: a policy serves one stage, whose parameters are fixed
-        when it is built (walking its modules costs more than a small stage's backward kernels)."""
-        if self._listed is None or self._listed[0] is not stage:
-            self._listed = (stage, tuple(stage.parameters()))
-        return self._listed[1]
+    def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor | None, labels: Tensor | None, k: int,
+                 params: Sequence[Tensor] | None = None) -> None:
+        """Backpropagate into the stage's parameters (and its input leaves, if they need a gradient).
+        ``params``: the stage's parameters as its worker lists them once (walking the modules each
+        backward costs more than a small stage's kernels); listed here if not given."""
+        if graph.weights is None and params is None:
+            params = tuple(stage.parameters())
+        graph.backward(grad, graph.weights if graph.weights is not None else params)
 
     def hand_gradients(self, graph: LocalGraph, params: list[Tensor]) -> None:
         """After ``graph`` was backpropagated: make sure its weight gradients are in ``params``'
@@ -228,7 +225,8 @@ class StashWeights(KeepGraph):
 
     def kept_bytes(self):
         one = next(iter(self.stashes.values()), {})  # every stash is a copy of all the stage's weights
-        return {**super().kept_bytes(), "weight_stash": len(self.stashes) * sum(streams.nbytes(w) for w in one.values())}
+        stash_bytes = len(self.stashes) * sum(streams.nbytes(w) for w in one.values())
+        return {**super().kept_bytes(), "weight_stash": stash_bytes}
 
 
 class KeepInput(StoragePolicy):
