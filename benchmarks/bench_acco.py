@@ -24,6 +24,7 @@ engine's rules.
     python benchmarks/bench_acco.py                 # ~3-6 min on 2 idle CPU cores
     python benchmarks/bench_acco.py --json results/acco/overlap.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,9 +44,11 @@ from petra_core.engine.launch import launch_local  # noqa: E402
 
 
 def settings(gbit: float) -> list[dict]:
-    return [{"name": "loopback", "gbit_s": None, "slow": 0.0},
-            {"name": f"{gbit:g} Gbit/s", "gbit_s": gbit, "slow": 0.0},
-            {"name": f"{gbit:g} Gbit/s, rank 1 2x slower", "gbit_s": gbit, "slow": 1.0}]
+    return [
+        {"name": "loopback", "gbit_s": None, "slow": 0.0},
+        {"name": f"{gbit:g} Gbit/s", "gbit_s": gbit, "slow": 0.0},
+        {"name": f"{gbit:g} Gbit/s, rank 1 2x slower", "gbit_s": gbit, "slow": 1.0},
+    ]
 
 
 # ---- the rank program -----------------------------------------------------------------------------------
@@ -60,17 +63,25 @@ def rank_main(args) -> int:
     dist.init_process_group("gloo")
     rank, R = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(0)
-    pool = [(torch.randn(args.batch, 3, 32, 32, generator=g), torch.randint(0, 10, (args.batch,), generator=g))
-            for _ in range(8)]
+    pool = [
+        (torch.randn(args.batch, 3, 32, 32, generator=g), torch.randint(0, 10, (args.batch,), generator=g))
+        for _ in range(8)
+    ]
     results = []
     for setting in settings(args.gbit):
         for method in args.methods.split(","):
             torch.manual_seed(0)
             model = build_model("resnet18", num_classes=10, width=args.width)
-            opt, _ = make_optimizer(model, Recipe(base_lr=1e-3, weight_decay=0.0, optimizer="adamw"),
-                                    batch_size=args.batch, k=1, steps_per_epoch=100)
-            worker = Worker(model, opt, lambda mb: pool[mb % len(pool)], R, rank,
-                            slow=setting["slow"] if rank == 1 else 0.0)
+            opt, _ = make_optimizer(
+                model,
+                Recipe(base_lr=1e-3, weight_decay=0.0, optimizer="adamw"),
+                batch_size=args.batch,
+                k=1,
+                steps_per_epoch=100,
+            )
+            worker = Worker(
+                model, opt, lambda mb: pool[mb % len(pool)], R, rank, slow=setting["slow"] if rank == 1 else 0.0
+            )
             dist.barrier()
             records = RUNNERS[method](worker, Collectives(Link(setting["gbit_s"])), args.steps, args.n)
             results.append({"setting": setting["name"], "method": method, "rank": rank, "records": records})
@@ -99,8 +110,10 @@ def summarise(rows: list[dict], skip: int = 1) -> dict:
         entry["comm_s"] = min(r["comm_s"] for r in ranks)  # the others' includes waiting for the slowest rank
         entry["micro_batches"] = sum(r["micro_batches"] for r in ranks)
         entry["s_per_micro_batch"] = entry["step_s"] / entry["micro_batches"]
-        entry["s_per_micro_batch_by_rank"] = {r: v["compute_s"] / v["micro_batches"]  # compute (and a slow
-                                              for r, v in entry["ranks"].items()}  # worker's sleep) alone
+        entry["s_per_micro_batch_by_rank"] = {
+            r: v["compute_s"] / v["micro_batches"]  # compute (and a slow
+            for r, v in entry["ranks"].items()
+        }  # worker's sleep) alone
     return out
 
 
@@ -121,13 +134,29 @@ def memory(width: int) -> list[dict]:
             torch.manual_seed(0)
             model = build_model("resnet18", num_classes=10, width=width)
             rule = get_rule(name)
-            sim = Simulator(model, "backprop", num_batches=2, get_batch=data.__getitem__, batch_size=2, k=2,
-                            recipe=recipe, replicas=R, rule=rule).run()
+            sim = Simulator(
+                model,
+                "backprop",
+                num_batches=2,
+                get_batch=data.__getitem__,
+                batch_size=2,
+                k=2,
+                recipe=recipe,
+                replicas=R,
+                rule=rule,
+            ).run()
             row["params"] = sum(p.numel() for p in model.parameters())
             if name == "dp":
                 row["dp_optimizer_state"] = max(
-                    sum(v.numel() * v.element_size() for w in rep.workers for s in w.optimizer.state.values()
-                        for v in s.values() if torch.is_tensor(v)) for rep in sim.replicas)
+                    sum(
+                        v.numel() * v.element_size()
+                        for w in rep.workers
+                        for s in w.optimizer.state.values()
+                        for v in s.values()
+                        if torch.is_tensor(v)
+                    )
+                    for rep in sim.replicas
+                )
             else:
                 held = rule.memory_bytes()
                 row[f"{name}_optimizer_state"] = held["optimizer_state"]
@@ -147,7 +176,11 @@ def main() -> int:
     p.add_argument("--methods", default="ddp,zero1,acco")
     p.add_argument("--memory-width", type=int, default=64, help="ResNet18's width for the memory table (0: skip)")
     p.add_argument("--json", default=None, help="also write everything measured here")
-    p.add_argument("--record", action="store_true", help="also write results/benchmarks/bench_acco-VARIANT.json (README's block is rendered from it)")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="also write results/benchmarks/bench_acco-VARIANT.json (README's block is rendered from it)",
+    )
     p.add_argument("--rank-out", default=None, help=argparse.SUPPRESS)  # the rank program's output
     args = p.parse_args()
     if args.rank_out:
@@ -167,29 +200,45 @@ def main() -> int:
         rows = json.loads(out.read_text())
     summary = summarise(rows)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    print(f"ResNet18 width {args.width}, batch {args.batch} per micro-batch, n = {args.n} (DDP step: {2 * args.n} "
-          f"micro-batches per rank), 2 gloo ranks x 1 thread, AdamW; {args.steps - 1} steps timed per method; "
-          f"load average {load:.2f} before the report" if load is not None else "")
-    report = {"config": vars(args), "host": platform.node(), "cpu_count": os.cpu_count(), "load_average": load,
-              "settings": [], "memory": []}
+    print(
+        f"ResNet18 width {args.width}, batch {args.batch} per micro-batch, n = {args.n} (DDP step: {2 * args.n} "
+        f"micro-batches per rank), 2 gloo ranks x 1 thread, AdamW; {args.steps - 1} steps timed per method; "
+        f"load average {load:.2f} before the report"
+        if load is not None
+        else ""
+    )
+    report = {
+        "config": vars(args),
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "load_average": load,
+        "settings": [],
+        "memory": [],
+    }
     for setting in settings(args.gbit):
         name = setting["name"]
         ddp = summary.get((name, "ddp"))
         print(f"\n{name}")
-        print(f"  {'method':<7} {'compute s':>10} {'comm s':>8} {'step s':>8} {'micro/step':>11} {'s/micro':>9} "
-              f"{'vs ddp':>7}")
+        print(
+            f"  {'method':<7} {'compute s':>10} {'comm s':>8} {'step s':>8} {'micro/step':>11} {'s/micro':>9} "
+            f"{'vs ddp':>7}"
+        )
         for method in args.methods.split(","):
             e = summary[(name, method)]
             ratio = e["s_per_micro_batch"] / ddp["s_per_micro_batch"] if ddp else float("nan")
             e["ratio_to_ddp"] = ratio
-            print(f"  {method:<7} {e['compute_s']:>10.3f} {e['comm_s']:>8.3f} {e['step_s']:>8.3f} "
-                  f"{e['micro_batches']:>11.1f} {e['s_per_micro_batch']:>9.4f} {ratio:>7.2f}")
+            print(
+                f"  {method:<7} {e['compute_s']:>10.3f} {e['comm_s']:>8.3f} {e['step_s']:>8.3f} "
+                f"{e['micro_batches']:>11.1f} {e['s_per_micro_batch']:>9.4f} {ratio:>7.2f}"
+            )
         if ddp:
             c, m = ddp["compute_s"], ddp["comm_s"]
             ideal = max(c, m) / (c + m)
             ideal_two = max(c, 2 * m) / (c + m)
-            line = f"  ideal ACCO / DDP: max(c, m)/(c + m) = {ideal:.2f}; with ACCO's two rounds max(c, 2m)/(c + m) " \
-                   f"= {ideal_two:.2f}"
+            line = (
+                f"  ideal ACCO / DDP: max(c, m)/(c + m) = {ideal:.2f}; with ACCO's two rounds max(c, 2m)/(c + m) "
+                f"= {ideal_two:.2f}"
+            )
             entry = {"setting": name, "ideal": ideal, "ideal_two_rounds": ideal_two}
             if setting["slow"]:
                 per = [summary[(name, "acco")]["s_per_micro_batch_by_rank"][r] for r in (0, 1)]
@@ -204,12 +253,14 @@ def main() -> int:
         print(f"\noptimizer state per worker, AdamW, ResNet18 width {args.memory_width} (MiB)")
         for row in memory(args.memory_width):
             mib = 1 / 2**20
-            print(f"  N = {row['replicas']}: {row['params'] / 1e6:.2f} M parameters; unsharded (dp) "
-                  f"{row['dp_optimizer_state'] * mib:.1f}; zero1 shard {row['zero1_optimizer_state'] * mib:.1f} "
-                  f"({row['zero1_optimizer_state'] / row['dp_optimizer_state']:.3f} of it); acco shard "
-                  f"{row['acco_optimizer_state'] * mib:.1f}; besides parameters and gradients acco holds at most "
-                  f"{row['acco_versions'] * mib:.1f} of weight versions and gradient stash, and its shard's copy "
-                  f"{row['acco_shard'] * mib:.1f} (the parameters themselves: {row['params'] * 4 * mib:.1f})")
+            print(
+                f"  N = {row['replicas']}: {row['params'] / 1e6:.2f} M parameters; unsharded (dp) "
+                f"{row['dp_optimizer_state'] * mib:.1f}; zero1 shard {row['zero1_optimizer_state'] * mib:.1f} "
+                f"({row['zero1_optimizer_state'] / row['dp_optimizer_state']:.3f} of it); acco shard "
+                f"{row['acco_optimizer_state'] * mib:.1f}; besides parameters and gradients acco holds at most "
+                f"{row['acco_versions'] * mib:.1f} of weight versions and gradient stash, and its shard's copy "
+                f"{row['acco_shard'] * mib:.1f} (the parameters themselves: {row['params'] * 4 * mib:.1f})"
+            )
             report["memory"].append(row)
     if recorder is not None:
         print(f"recorded: {recorder.write(json.loads(json.dumps(report, default=str)))}")

@@ -6,6 +6,7 @@
 
 Plain-text output only; the report layer renders the CSVs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,15 +43,23 @@ def show_memory_check(quick: bool) -> pd.DataFrame:
         model = build_model("revnet18", num_classes=10, width=cfg["width"])
         r = measure_steady_state(model, method, batch=cfg["batch"], image_size=cfg["image_size"])
         pred = r["predicted_bytes"]
-        rows.append(dict(method=method, tick=r["tick"], allocated_MB=r["allocated_bytes"] / 1e6,
-                         predicted_MB=None if pred is None else pred / 1e6,
-                         held_by_policies_MB=r["held_bytes"] / 1e6,
-                         predicted_buffers_MB=None if r["predicted_buffer_bytes"] is None else r["predicted_buffer_bytes"] / 1e6,
-                         allocated_vs_predicted_pct=None if pred is None else 100 * (r["allocated_bytes"] / pred - 1)))
+        rows.append(
+            dict(
+                method=method,
+                tick=r["tick"],
+                allocated_MB=r["allocated_bytes"] / 1e6,
+                predicted_MB=None if pred is None else pred / 1e6,
+                held_by_policies_MB=r["held_bytes"] / 1e6,
+                predicted_buffers_MB=None if r["predicted_buffer_bytes"] is None else r["predicted_buffer_bytes"] / 1e6,
+                allocated_vs_predicted_pct=None if pred is None else 100 * (r["allocated_bytes"] / pred - 1),
+            )
+        )
     df = pd.DataFrame(rows)
-    print(f"\nMeasured memory at a steady-state tick — RevNet18, CIFAR stem {cfg['image_size']}², width {cfg['width']}, "
-          f"batch {cfg['batch']} (allocator = torch.profiler CPU memory events; prediction = real-shape accounting "
-          f"+ messages in flight + momentum; delayed keeps graphs, not predictable from shapes)")
+    print(
+        f"\nMeasured memory at a steady-state tick — RevNet18, CIFAR stem {cfg['image_size']}², width {cfg['width']}, "
+        f"batch {cfg['batch']} (allocator = torch.profiler CPU memory events; prediction = real-shape accounting "
+        f"+ messages in flight + momentum; delayed keeps graphs, not predictable from shapes)"
+    )
     print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     return df
 
@@ -58,8 +67,10 @@ def show_memory_check(quick: bool) -> pd.DataFrame:
 def show_table1(arch: str, frames: dict, seconds: float) -> None:
     df, rows, net = frames["table1_per_stage"], frames["table1"], frames["network_costs"]
     stage, J = int(rows.stage.iloc[0]), int(rows.J.iloc[0])
-    print(f"\nTable 1 — {arch}, J = {J}; per-stage columns at stage j = {stage + 1} (1-based, "
-          f"{df.kind[df.stage == stage].iloc[0]}); measured in {seconds:.0f} s")
+    print(
+        f"\nTable 1 — {arch}, J = {J}; per-stage columns at stage j = {stage + 1} (1-based, "
+        f"{df.kind[df.stage == stage].iloc[0]}); measured in {seconds:.0f} s"
+    )
     wide = rows.pivot(index="method", columns="quantity", values=["paper", "measured"]).reindex(rows.method.unique())
     cols = [(src, q) for q in ("activations", "params", "comm", "flops", "time") for src in ("paper", "measured")]
     wide = wide[cols]
@@ -73,17 +84,40 @@ def show_table1(arch: str, frames: dict, seconds: float) -> None:
     print("  forwards: sequential = sum over stages, pipelined = the slowest stage's forward + rebuild + backward.")
     notes = rows[rows.note != ""][["method", "quantity", "note"]]
     print(notes.to_string(index=False))
-    print(net[["method", "flops", "time_serial_s", "time_parallel_s", "time_serial_units", "time_parallel_units",
-               "time_balanced_units"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    pet = df[(df.method == "petra") & (df.kind != "H")][["stage", "kind", "fwd_sent_vs_resnet", "bwd_sent_vs_resnet",
-                                                         "bwd_received_vs_resnet", "bwd_received_vs_backprop"]]
-    print("  PETRA communication per stage (× the ResNet's backprop message of that stage; last column × this RevNet's):")
+    print(
+        net[
+            [
+                "method",
+                "flops",
+                "time_serial_s",
+                "time_parallel_s",
+                "time_serial_units",
+                "time_parallel_units",
+                "time_balanced_units",
+            ]
+        ].to_string(index=False, float_format=lambda v: f"{v:.4g}")
+    )
+    pet = df[(df.method == "petra") & (df.kind != "H")][
+        [
+            "stage",
+            "kind",
+            "fwd_sent_vs_resnet",
+            "bwd_sent_vs_resnet",
+            "bwd_received_vs_resnet",
+            "bwd_received_vs_backprop",
+        ]
+    ]
+    print(
+        "  PETRA communication per stage (× the ResNet's backprop message of that stage; last column × this RevNet's):"
+    )
     print(pet.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
 
 
 def show_fidelity(df: pd.DataFrame, every: int) -> None:
-    print(f"\nGradient fidelity — RevNet18 width 8, 16², batch 8, k = 2, lr 0.005, every {every} steps: cosine to "
-          f"backprop at the current weights (stage rows, step columns)")
+    print(
+        f"\nGradient fidelity — RevNet18 width 8, 16², batch 8, k = 2, lr 0.005, every {every} steps: cosine to "
+        f"backprop at the current weights (stage rows, step columns)"
+    )
     print(df.pivot_table(index=["method", "stage"], columns="step", values="cosine").round(4).to_string())
 
 
@@ -99,16 +133,23 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {args.threads} thread(s)")
-    cfg = dict(stem="imagenet", image_size=args.image_size, batch=args.batch, width=64, num_classes=1000,
-               num_batches=args.num_batches)
+    cfg = dict(
+        stem="imagenet",
+        image_size=args.image_size,
+        batch=args.batch,
+        width=64,
+        num_classes=1000,
+        num_batches=args.num_batches,
+    )
     if args.quick:
         cfg = dict(stem="cifar", image_size=8, batch=2, width=4, num_classes=10, num_batches=3)
     n, every = (40, 12) if args.quick else (120, 40)
     tables = {"memory_check": show_memory_check(args.quick)}
     for i, arch in enumerate(args.archs):  # the same measurement as `petra costs` (accounting.costs.measure)
         start = time.perf_counter()
-        measured = costs.measure({"threads": args.threads, "table1": {"arch": arch, **cfg},
-                                  "fidelity": {"num_batches": n, "every": every}})
+        measured = costs.measure(
+            {"threads": args.threads, "table1": {"arch": arch, **cfg}, "fidelity": {"num_batches": n, "every": every}}
+        )
         frames = measured["frames"]
         if i == 0:
             tables["table3"] = show_table3(frames["table3"])

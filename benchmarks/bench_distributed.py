@@ -19,6 +19,7 @@ pipeline bubble that PETRA removes.
     python benchmarks/bench_distributed.py                 # ~1-3 min on 2 idle CPU cores
     python benchmarks/bench_distributed.py --device cuda   # one rank per GPU
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from petra_core import Simulator  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from harness.ranks import RANKS, demo_setup, parser as demo_parser  # noqa: E402
+from harness.ranks import RANKS, demo_setup  # noqa: E402
+from harness.ranks import parser as demo_parser
+
 from petra_core.engine.launch import launch_local  # noqa: E402
 
 
@@ -84,21 +88,45 @@ def main() -> None:
     p.add_argument("--backprop-steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2, help="backprop minibatches excluded from the timing")
     p.add_argument("--placement", default="balanced")
-    p.add_argument("--record", action="store_true", help="also write results/benchmarks/bench_distributed-VARIANT.json (README's block is rendered from it)")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="also write results/benchmarks/bench_distributed-VARIANT.json (README's block is rendered from it)",
+    )
     a = p.parse_args()
     gpu = a.device == "cuda"
     if gpu and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no GPU visible")
     nprocs = a.nprocs or (torch.cuda.device_count() if gpu else 2)
     width, batch = a.width or (64 if gpu else 32), a.batch or (128 if gpu else 32)
-    base = ["--arch", "revnet18", "--stem", "cifar", "--image-size", "32", "--num-classes", "10",
-            "--width", str(width), "--batch", str(batch), "--device", a.device, "--placement", a.placement,
-            "--warmup", str(a.warmup)]
+    base = [
+        "--arch",
+        "revnet18",
+        "--stem",
+        "cifar",
+        "--image-size",
+        "32",
+        "--num-classes",
+        "10",
+        "--width",
+        str(width),
+        "--batch",
+        str(batch),
+        "--device",
+        a.device,
+        "--placement",
+        a.placement,
+        "--warmup",
+        str(a.warmup),
+    ]
     cpu_threads = [] if gpu else ["--threads", "1"]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"RevNet18 (CIFAR stem) width {width}, batch {batch}, 32x32 random data; {nprocs} ranks on "
-          f"{a.device}{' (1 thread each, gloo)' if not gpu else ' (NCCL)'}; load average {load:.2f} on "
-          f"{os.cpu_count()} CPUs", flush=True)
+    print(
+        f"RevNet18 (CIFAR stem) width {width}, batch {batch}, 32x32 random data; {nprocs} ranks on "
+        f"{a.device}{' (1 thread each, gloo)' if not gpu else ' (NCCL)'}; load average {load:.2f} on "
+        f"{os.cpu_count()} CPUs",
+        flush=True,
+    )
 
     recorder = None
     if a.record:
@@ -128,34 +156,56 @@ def main() -> None:
     for method, r in runs.items():
         v = r["steady_images_per_s"]
         ideal_s = f"{ideal:.2f} (3D/4)" if method == "petra" else "1.00 (bubble)"
-        print(f"{method + f', {nprocs} ranks (placement ' + r['placement'] + ')':44s} {v:9.1f} {v / ref:26.2f} "
-              f"{ideal_s:>16s}")
+        print(
+            f"{method + f', {nprocs} ranks (placement ' + r['placement'] + ')':44s} {v:9.1f} {v / ref:26.2f} "
+            f"{ideal_s:>16s}"
+        )
     if len(baselines) > 1:
         one = baselines["1 process, 1 thread"]
-        print(f"PETRA vs backprop on 1 process, 1 thread: {runs['petra']['steady_images_per_s'] / one:.2f} "
-              f"(ideal {ideal:.2f}); 2 threads vs 1 thread: {ref / one:.2f}")
-    print(f"PETRA vs backprop on the same {nprocs} ranks: "
-          f"{runs['petra']['steady_images_per_s'] / runs['backprop']['steady_images_per_s']:.2f} "
-          f"(ideal {ideal:.2f} = 3D/4: PETRA keeps all ranks busy at 4/3 the FLOPs, backprop one at a time)")
+        print(
+            f"PETRA vs backprop on 1 process, 1 thread: {runs['petra']['steady_images_per_s'] / one:.2f} "
+            f"(ideal {ideal:.2f}); 2 threads vs 1 thread: {ref / one:.2f}"
+        )
+    print(
+        f"PETRA vs backprop on the same {nprocs} ranks: "
+        f"{runs['petra']['steady_images_per_s'] / runs['backprop']['steady_images_per_s']:.2f} "
+        f"(ideal {ideal:.2f} = 3D/4: PETRA keeps all ranks busy at 4/3 the FLOPs, backprop one at a time)"
+    )
     for method, r in runs.items():
-        print(f"\n{method}: {r['steady_window']}, whole run {r['images_per_s']:.1f} images/s in {r['wall_s']:.1f} s"
-              + (f"; measured stage costs (ms): {', '.join(f'{c * 1e3:.0f}' for c in r['stage_costs'])}"
-                 if r.get("stage_costs") else ""))
-        print(f"  {'rank':4s} {'stages':12s} {'compute s':>9s} {'waiting s':>9s} {'send s':>7s} "
-              f"{'bg recv s':>9s} {'sent MiB':>8s}")
+        print(
+            f"\n{method}: {r['steady_window']}, whole run {r['images_per_s']:.1f} images/s in {r['wall_s']:.1f} s"
+            + (
+                f"; measured stage costs (ms): {', '.join(f'{c * 1e3:.0f}' for c in r['stage_costs'])}"
+                if r.get("stage_costs")
+                else ""
+            )
+        )
+        print(
+            f"  {'rank':4s} {'stages':12s} {'compute s':>9s} {'waiting s':>9s} {'send s':>7s} "
+            f"{'bg recv s':>9s} {'sent MiB':>8s}"
+        )
         for row in r["ranks"]:
-            print(f"  {row['rank']:4d} {row['stages']:12s} {row['compute_s']:9.2f} {row['recv_wait_s']:9.2f} "
-                  f"{row['send_s']:7.2f} {row['background_recv_s']:9.2f} {row['bytes_sent'] / 2**20:8.1f}")
+            print(
+                f"  {row['rank']:4d} {row['stages']:12s} {row['compute_s']:9.2f} {row['recv_wait_s']:9.2f} "
+                f"{row['send_s']:7.2f} {row['background_recv_s']:9.2f} {row['bytes_sent'] / 2**20:8.1f}"
+            )
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"\ntotal {time.time() - t_start:.0f} s; load average at the end {load:.2f}")
     if recorder is not None:
-        result = {"width": width, "batch": batch, "ranks": nprocs, "device": a.device, "ideal_petra": ideal,
-                  "baselines_images_per_s": baselines,
-                  "runs": {m: {"images_per_s": r["steady_images_per_s"], "placement": r["placement"]}
-                           for m, r in runs.items()},
-                  "petra_vs_backprop_same_ranks": runs["petra"]["steady_images_per_s"]
-                  / runs["backprop"]["steady_images_per_s"],
-                  "petra_vs_baselines": {n: runs["petra"]["steady_images_per_s"] / v for n, v in baselines.items()}}
+        result = {
+            "width": width,
+            "batch": batch,
+            "ranks": nprocs,
+            "device": a.device,
+            "ideal_petra": ideal,
+            "baselines_images_per_s": baselines,
+            "runs": {
+                m: {"images_per_s": r["steady_images_per_s"], "placement": r["placement"]} for m, r in runs.items()
+            },
+            "petra_vs_backprop_same_ranks": runs["petra"]["steady_images_per_s"]
+            / runs["backprop"]["steady_images_per_s"],
+            "petra_vs_baselines": {n: runs["petra"]["steady_images_per_s"] / v for n, v in baselines.items()},
+        }
         print(f"recorded: {recorder.write(result)}")
 
 

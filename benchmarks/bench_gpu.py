@@ -24,6 +24,7 @@ Methods that learn from auxiliary heads (local, fg-local-w, fg-local-a) get a mo
 heads. With 2 or more GPUs, PETRA also spread over all of them (stages in contiguous blocks).
 Ratios at the end: PETRA/backprop step time and PETRA/delayed peak memory, per model.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,23 +43,36 @@ from petra_core.engine import LocalWorld, assemble
 from petra_core.engine.observers import Observer
 from petra_core.precision import set_numerics
 
-CONFIGS = [("revnet18", "cifar", 32, 10), ("revnet18", "imagenet", 224, 1000),
-           ("revnet50", "cifar", 32, 10), ("revnet50", "imagenet", 224, 1000)]
+CONFIGS = [
+    ("revnet18", "cifar", 32, 10),
+    ("revnet18", "imagenet", 224, 1000),
+    ("revnet50", "cifar", 32, 10),
+    ("revnet50", "imagenet", 224, 1000),
+]
 # name -> (precision, deterministic), as petra_core.precision sets them; ``training`` is
 # what ``petra train`` runs by default
 SETTINGS = {"training": ("fp32", True), "fastest": ("tf32", False), "bf16": ("bf16", False)}
 
 
 def current_settings() -> tuple:
-    return (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-            torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32,
-            torch.backends.cuda.matmul.allow_tf32)
+    return (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cuda.matmul.allow_tf32,
+    )
 
 
 def restore_settings(saved: tuple) -> None:
     torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
-    (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32,
-     torch.backends.cuda.matmul.allow_tf32) = saved[2:]
+    (
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cuda.matmul.allow_tf32,
+    ) = saved[2:]
 
 
 def apply_settings(name: str) -> str:
@@ -104,8 +118,9 @@ class Clock:
         return end - start
 
 
-def measure(arch, stem, size, classes, method, *, device, width, batch, timed, inject_oom=False,
-            devices=None, precision="fp32") -> dict:
+def measure(
+    arch, stem, size, classes, method, *, device, width, batch, timed, inject_oom=False, devices=None, precision="fp32"
+) -> dict:
     """One row: steady-state time and memory of ``method`` with every stage on ``device`` (or
     spread over ``devices`` in contiguous blocks)."""
     devices = devices or [device]
@@ -122,9 +137,18 @@ def measure(arch, stem, size, classes, method, *, device, width, batch, timed, i
     fill = 2 * (J - 1) + 1 if per == 1 else 1
     peak_ticks = per  # one minibatch's worth, after the timed ones
     n = fill + timed + 2 * J + 2  # minibatches: enough that the timed and peak ticks are all steady
-    pipe = Pipeline(**assemble(model, method, LocalWorld(devices=devices if cuda else None), num_batches=n,
-                               get_batch=lambda mb: (x, y), batch_size=batch, recipe=Recipe(base_lr=0.01),
-                               precision=precision))
+    pipe = Pipeline(
+        **assemble(
+            model,
+            method,
+            LocalWorld(devices=devices if cuda else None),
+            num_batches=n,
+            get_batch=lambda mb: (x, y),
+            batch_size=batch,
+            recipe=Recipe(base_lr=0.01),
+            precision=precision,
+        )
+    )
     if inject_oom:  # the smoke test's stand-in for a real out-of-memory
         raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {2**40} bytes (injected)")
     pipe.run(fill * per)
@@ -151,11 +175,20 @@ def measure(arch, stem, size, classes, method, *, device, width, batch, timed, i
         pipe.run(peak_ticks)
         pipe.observers.remove(observer)
         stage_peaks = observer.peaks
-    held = [sum(p.numel() * p.element_size() * 3 for p in w.params) + sum(w.storage.kept_bytes().values())
-            for w in pipe.workers]
-    return {"stages": J, "devices": len(devices), "s_per_batch": seconds, "images_per_s": batch / seconds,
-            "host_s_per_tick": host / (timed * per), "stage_peak_bytes": stage_peaks, "stage_held_bytes": held,
-            "device_peak_bytes": device_peak}
+    held = [
+        sum(p.numel() * p.element_size() * 3 for p in w.params) + sum(w.storage.kept_bytes().values())
+        for w in pipe.workers
+    ]
+    return {
+        "stages": J,
+        "devices": len(devices),
+        "s_per_batch": seconds,
+        "images_per_s": batch / seconds,
+        "host_s_per_tick": host / (timed * per),
+        "stage_peak_bytes": stage_peaks,
+        "stage_held_bytes": held,
+        "device_peak_bytes": device_peak,
+    }
 
 
 def oom_bytes(err: BaseException) -> int | None:
@@ -179,13 +212,21 @@ def write_atomically(path: Path, out: dict) -> None:
 def ratios(rows: list[dict]) -> list[dict]:
     out = []
     for arch, stem, setting in dict.fromkeys((r["arch"], r["stem"], r["settings"]) for r in rows):
-        same = {r["method"]: r for r in rows if (r["arch"], r["stem"], r["settings"]) == (arch, stem, setting)
-                and not r.get("oom") and not r.get("error") and r.get("devices", 1) == 1}
+        same = {
+            r["method"]: r
+            for r in rows
+            if (r["arch"], r["stem"], r["settings"]) == (arch, stem, setting)
+            and not r.get("oom")
+            and not r.get("error")
+            and r.get("devices", 1) == 1
+        }
         ratio = {"arch": arch, "stem": stem, "settings": setting}
         if "petra" in same and "backprop" in same:
             ratio["petra_over_backprop_step"] = same["petra"]["s_per_batch"] / same["backprop"]["s_per_batch"]
         if "petra" in same and "delayed" in same and same["petra"]["device_peak_bytes"]:
-            ratio["petra_over_delayed_peak_memory"] = same["petra"]["device_peak_bytes"] / same["delayed"]["device_peak_bytes"]
+            ratio["petra_over_delayed_peak_memory"] = (
+                same["petra"]["device_peak_bytes"] / same["delayed"]["device_peak_bytes"]
+            )
         out.append(ratio)
     return out
 
@@ -198,8 +239,11 @@ def main(argv=None) -> dict:
     p.add_argument("--timed", type=int, default=6, help="timed minibatches per row")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--configs", default="all", help="'all' or e.g. revnet18:cifar,revnet50:imagenet")
-    p.add_argument("--settings", default="training,fastest",
-                   help=f"comma-separated, of: {', '.join(SETTINGS)} (default %(default)s)")
+    p.add_argument(
+        "--settings",
+        default="training,fastest",
+        help=f"comma-separated, of: {', '.join(SETTINGS)} (default %(default)s)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run of the script)")
     p.add_argument("--inject-oom", default="", help="methods whose rows raise an out-of-memory (tests)")
     p.add_argument("--out", default="results/gpu", help="directory for the JSON")
@@ -218,9 +262,17 @@ def main(argv=None) -> dict:
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or platform.machine()
     path = Path(args.out) / f"{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-').lower() or 'device'}.json"
-    out = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
-           "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-           "width": args.width, "batch": args.batch, "timed": args.timed, "rows": [], "ratios": []}
+    out = {
+        "device": name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "width": args.width,
+        "batch": args.batch,
+        "timed": args.timed,
+        "rows": [],
+        "ratios": [],
+    }
     saved = current_settings()
     try:
         rows_for_every_setting(args, configs, device, path, out)
@@ -239,11 +291,25 @@ def rows_for_every_setting(args, configs, device, path: Path, out: dict) -> None
                 row = {"arch": arch, "stem": stem, "image_size": size, "method": method, "settings": setting}
                 t0 = time.perf_counter()
                 try:
-                    row.update(measure(arch, stem, size, classes, method, device=device, width=args.width,
-                                       batch=args.batch, timed=args.timed, precision=precision,
-                                       inject_oom=method in args.inject_oom.split(",")))
-                    what = (f"{row['s_per_batch'] * 1e3:8.1f} ms/batch (host {row['host_s_per_tick'] * 1e3:.1f} ms/tick)"
-                            f"  peak {(row['device_peak_bytes'] or 0) / 2**30:6.2f} GiB")
+                    row.update(
+                        measure(
+                            arch,
+                            stem,
+                            size,
+                            classes,
+                            method,
+                            device=device,
+                            width=args.width,
+                            batch=args.batch,
+                            timed=args.timed,
+                            precision=precision,
+                            inject_oom=method in args.inject_oom.split(","),
+                        )
+                    )
+                    what = (
+                        f"{row['s_per_batch'] * 1e3:8.1f} ms/batch (host {row['host_s_per_tick'] * 1e3:.1f} ms/tick)"
+                        f"  peak {(row['device_peak_bytes'] or 0) / 2**30:6.2f} GiB"
+                    )
                 except torch.cuda.OutOfMemoryError as err:
                     row.update(oom=True, tried_bytes=oom_bytes(err), error=str(err).splitlines()[0][:300])
                     what = f"out of memory (tried {row['tried_bytes']} bytes)"
@@ -259,12 +325,30 @@ def rows_for_every_setting(args, configs, device, path: Path, out: dict) -> None
                     torch.cuda.empty_cache()
             if args.device == "cuda" and torch.cuda.device_count() >= 2 and "petra" in args.methods.split(","):
                 gpus = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-                row = {"arch": arch, "stem": stem, "image_size": size, "method": "petra", "settings": setting,
-                       "devices": len(gpus)}
+                row = {
+                    "arch": arch,
+                    "stem": stem,
+                    "image_size": size,
+                    "method": "petra",
+                    "settings": setting,
+                    "devices": len(gpus),
+                }
                 try:
-                    row.update(measure(arch, stem, size, classes, "petra", device=gpus[0], devices=gpus,
-                                       width=args.width, batch=args.batch, timed=args.timed,
-                                       precision=precision))
+                    row.update(
+                        measure(
+                            arch,
+                            stem,
+                            size,
+                            classes,
+                            "petra",
+                            device=gpus[0],
+                            devices=gpus,
+                            width=args.width,
+                            batch=args.batch,
+                            timed=args.timed,
+                            precision=precision,
+                        )
+                    )
                 except torch.cuda.OutOfMemoryError as err:
                     row.update(oom=True, tried_bytes=oom_bytes(err), error=str(err).splitlines()[0][:300])
                 except Exception as err:  # noqa: BLE001

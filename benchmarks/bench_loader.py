@@ -9,6 +9,7 @@ thread; through the Prefetcher (a background thread makes batches ahead, the con
 for what is not ready); and with pinned memory where CUDA exists (what a GPU run does). Compare
 with what one GPU consumes (bench_gpu.py's images/s): the loader must stay ahead of it.
 """
+
 from __future__ import annotations
 
 import argparse

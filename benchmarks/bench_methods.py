@@ -9,6 +9,7 @@ every stage, i.e. the whole compute of one minibatch; for sequential methods a m
 2J - 1 ticks. The ideal FLOP ratio against backprop is 4/3 for methods that recompute
 (revbackprop, dsp, petra) and 1 for delayed gradients with stashing (paper, Table 1).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,16 +39,26 @@ def measure(args) -> dict:
     J = len(model)
     warm, timed = (2 * (J - 1) + 1, args.steps) if args.method not in ("backprop", "revbackprop") else (1, args.steps)
     n = warm + timed
-    sim = Simulator(model, args.method, num_batches=n + 2 * J, get_batch=lambda mb: (x, y),
-                    batch_size=args.batch, recipe=Recipe(base_lr=0.01))
+    sim = Simulator(
+        model,
+        args.method,
+        num_batches=n + 2 * J,
+        get_batch=lambda mb: (x, y),
+        batch_size=args.batch,
+        recipe=Recipe(base_lr=0.01),
+    )
     per_mb = 1 if sim.schedule.kind == "pipelined" else sim.schedule.period
     sim.run(warm * per_mb)
     start = time.perf_counter()
     sim.run(timed * per_mb)
     elapsed = time.perf_counter() - start
     kept = sum(sum(w.peak_kept.values()) for w in sim.workers)
-    return {"method": args.method, "s_per_batch": elapsed / timed, "kept_MiB": kept / 2**20,
-            "peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "method": args.method,
+        "s_per_batch": elapsed / timed,
+        "kept_MiB": kept / 2**20,
+        "peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def default_channels_last() -> bool:
@@ -66,10 +77,18 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=8, help="timed minibatches per method")
     p.add_argument("--methods", default="backprop,revbackprop,delayed,dsp,petra")
-    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=default_channels_last(),
-                   help="model and data in channels-last memory format (default: a run's default, %(default)s)")
+    p.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=default_channels_last(),
+        help="model and data in channels-last memory format (default: a run's default, %(default)s)",
+    )
     p.add_argument("--method", help=argparse.SUPPRESS)  # internal: measure one method in this process
-    p.add_argument("--record", action="store_true", help="also write results/benchmarks/bench_methods-VARIANT.json (README's block is rendered from it)")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="also write results/benchmarks/bench_methods-VARIANT.json (README's block is rendered from it)",
+    )
     args = p.parse_args()
     if args.method:
         print(json.dumps(measure(args)))
@@ -79,8 +98,9 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from petra_core.report.benchmarks import Recorder
 
-        recorder = Recorder("bench_methods", f"{args.arch}-w{args.width}-t{args.threads}"
-                            + ("-cl" if args.channels_last else ""))
+        recorder = Recorder(
+            "bench_methods", f"{args.arch}-w{args.width}-t{args.threads}" + ("-cl" if args.channels_last else "")
+        )
     rows = []
     for method in args.methods.split(","):
         cmd = [sys.executable, __file__, "--method", method, *[a for a in sys.argv[1:] if a != "--record"]]
@@ -88,19 +108,38 @@ def main() -> None:
         rows.append(json.loads(out.strip().splitlines()[-1]))
         print(f"  measured {method}", file=sys.stderr)
     base = next(r for r in rows if r["method"] == "backprop")
-    print(f"{args.arch}, CIFAR stem, width {args.width}, batch {args.batch}, {args.threads} threads, "
-          f"{'channels-last' if args.channels_last else 'contiguous NCHW'}, {args.steps} timed minibatches per method")
-    print(f"{'method':<12}{'s/batch':>9}{'x backprop':>12}{'ideal FLOPs':>13}{'peak RSS MiB':>14}"
-          f"{'x backprop':>12}{'kept MiB':>10}")
+    print(
+        f"{args.arch}, CIFAR stem, width {args.width}, batch {args.batch}, {args.threads} threads, "
+        f"{'channels-last' if args.channels_last else 'contiguous NCHW'}, {args.steps} timed minibatches per method"
+    )
+    print(
+        f"{'method':<12}{'s/batch':>9}{'x backprop':>12}{'ideal FLOPs':>13}{'peak RSS MiB':>14}"
+        f"{'x backprop':>12}{'kept MiB':>10}"
+    )
     for r in rows:
-        print(f"{r['method']:<12}{r['s_per_batch']:>9.3f}{r['s_per_batch'] / base['s_per_batch']:>12.2f}"
-              f"{FLOP_RATIO.get(r['method'], float('nan')):>13.2f}{r['peak_rss_MiB']:>14.0f}"
-              f"{r['peak_rss_MiB'] / base['peak_rss_MiB']:>12.2f}{r['kept_MiB']:>10.0f}")
+        print(
+            f"{r['method']:<12}{r['s_per_batch']:>9.3f}{r['s_per_batch'] / base['s_per_batch']:>12.2f}"
+            f"{FLOP_RATIO.get(r['method'], float('nan')):>13.2f}{r['peak_rss_MiB']:>14.0f}"
+            f"{r['peak_rss_MiB'] / base['peak_rss_MiB']:>12.2f}{r['kept_MiB']:>10.0f}"
+        )
     if recorder is not None:
-        result = {"arch": args.arch, "width": args.width, "batch": args.batch, "threads": args.threads,
-                  "channels_last": args.channels_last, "steps": args.steps, "ideal_flop_ratio": FLOP_RATIO,
-                  "methods": {r["method"]: {**r, "time_vs_backprop": r["s_per_batch"] / base["s_per_batch"],
-                                            "rss_vs_backprop": r["peak_rss_MiB"] / base["peak_rss_MiB"]} for r in rows}}
+        result = {
+            "arch": args.arch,
+            "width": args.width,
+            "batch": args.batch,
+            "threads": args.threads,
+            "channels_last": args.channels_last,
+            "steps": args.steps,
+            "ideal_flop_ratio": FLOP_RATIO,
+            "methods": {
+                r["method"]: {
+                    **r,
+                    "time_vs_backprop": r["s_per_batch"] / base["s_per_batch"],
+                    "rss_vs_backprop": r["peak_rss_MiB"] / base["peak_rss_MiB"],
+                }
+                for r in rows
+            },
+        }
         print(f"recorded: {recorder.write(result)}")
 
 

@@ -10,6 +10,7 @@ rebuilds (1: rebuilt from an exact output; 2: from an input the next stage rebui
 Each precision with float32 messages between stages (what training does); bf16 also with
 16-bit messages (``native``), the contrast. Writes ``results/precision/<device>.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,11 @@ def main(argv=None) -> dict:
                     rows.append({"arch": arch, **r})
         print(f"{arch}: relative error of each rebuilt input (stage: chain position)")
         for name, messages in settings:
-            cells = [f"{r['stage']}:{r['chain']} {r['rel_error']:.1e}" for r in rows
-                     if r["arch"] == arch and r["precision"] == name and r["messages"] == messages]
+            cells = [
+                f"{r['stage']}:{r['chain']} {r['rel_error']:.1e}"
+                for r in rows
+                if r["arch"] == arch and r["precision"] == name and r["messages"] == messages
+            ]
             print(f"  {name:5s} {messages:8s}" + "  ".join(cells))
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or platform.machine()
     out = {"device": name, "torch": torch.__version__, "width": args.width, "batch": args.batch, "rows": rows}

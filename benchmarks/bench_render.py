@@ -8,6 +8,7 @@ Prints the wall time of: the clone, Snakemake's dry run (must plan no training),
 (`snakemake --forcerun results tables figures -- results/P/summary.csv paper_tables figures`), and,
 in process, the three steps it runs (gathering the runs, the tables, the figures).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,21 +60,41 @@ def main() -> None:
         dry = timed("snakemake -n (plan)", lambda: sh([BIN / "snakemake", "-n", *config, *targets], cwd=repo))
         if "rule train:" in dry or "rule prepare:" in dry:
             sys.exit("the plan trains or prepares data: the cached runs are incomplete or look stale")
-        timed(f"snakemake render ({args.cores} cores, profile {profile})",
-              lambda: sh([BIN / "snakemake", "--cores", args.cores, *config, "--forcerun", "results", "tables",
-                          "figures", *targets], cwd=repo))
+        timed(
+            f"snakemake render ({args.cores} cores, profile {profile})",
+            lambda: sh(
+                [
+                    BIN / "snakemake",
+                    "--cores",
+                    args.cores,
+                    *config,
+                    "--forcerun",
+                    "results",
+                    "tables",
+                    "figures",
+                    *targets,
+                ],
+                cwd=repo,
+            ),
+        )
 
         os.chdir(repo)
         from petra_core.report import figures, results, tables
 
-        frames = timed("  in process: gather runs (petra results)",
-                       lambda: results.collect(f"workflow/config/profiles/{profile}.yaml"))
+        frames = timed(
+            "  in process: gather runs (petra results)",
+            lambda: results.collect(f"workflow/config/profiles/{profile}.yaml"),
+        )
         out = Path(tmp) / "out"
         timed("  in process: write tables", lambda: results.write(frames, out / "results"))
-        timed("  in process: render tables (petra tables)",
-              lambda: tables.render_all(out / "results", "results/costs", out / "tables", profile))
-        timed("  in process: draw figures (petra figures)",
-              lambda: figures.draw_all(out / "results", "results/costs", out / "figures", profile))
+        timed(
+            "  in process: render tables (petra tables)",
+            lambda: tables.render_all(out / "results", "results/costs", out / "tables", profile),
+        )
+        timed(
+            "  in process: draw figures (petra figures)",
+            lambda: figures.draw_all(out / "results", "results/costs", out / "figures", profile),
+        )
 
 
 if __name__ == "__main__":

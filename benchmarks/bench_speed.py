@@ -2,7 +2,7 @@
 
     python benchmarks/bench_speed.py                               # RevNet18, CIFAR stem, width 8, batch 64, 1 thread
     python benchmarks/bench_speed.py --width 64 --threads 2        # the paper's width
-    python benchmarks/bench_speed.py --no-channels-last            # both sides in contiguous NCHW (default: channels-last, as a run)
+    python benchmarks/bench_speed.py --no-channels-last            # both sides in NCHW (default: channels-last)
     python benchmarks/bench_speed.py --compile                     # every stage's modules through torch.compile
     python benchmarks/bench_speed.py --methods petra,dsp,delayed   # more methods against backprop
 
@@ -23,6 +23,7 @@ of load on a shared machine hits all of them alike; each ratio is the median ove
 A step is one minibatch: forward, backward and optimizer update of every stage (for pipelined
 methods one tick, which does one forward and one backward at every stage).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,13 +34,13 @@ import time
 
 import torch
 import torch.nn.functional as F
-
 from bench_methods import FLOP_RATIO  # Table 1's FLOPs per minibatch against backprop, one table for both
+
 from petra_core import Recipe, Simulator, build_model
-from petra_core.run.config import RunConfig
 from petra_core.engine.host_memory import page_faults, retain_freed_memory
 from petra_core.methods import check_method_fits, get_method
 from petra_core.optim import make_optimizer
+from petra_core.run.config import RunConfig
 
 
 def plain_loop(model, x, y, recipe: Recipe):
@@ -59,8 +60,9 @@ def plain_loop(model, x, y, recipe: Recipe):
 
 def engine_loop(model, method: str, x, y, recipe: Recipe, **kwargs):
     """One minibatch through the engine per call, in the pipeline's steady state."""
-    sim = Simulator(model, method, num_batches=10**7, get_batch=lambda mb: (x, y), batch_size=len(y),
-                    recipe=recipe, **kwargs)
+    sim = Simulator(
+        model, method, num_batches=10**7, get_batch=lambda mb: (x, y), batch_size=len(y), recipe=recipe, **kwargs
+    )
     per_batch = 1 if sim.schedule.kind == "pipelined" else sim.schedule.period
     sim.run(2 * len(model) * per_batch)  # fill the pipeline
 
@@ -99,21 +101,39 @@ def main(argv=None) -> dict:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=5, help="steps per timed block")
     p.add_argument("--blocks", type=int, default=7, help="alternating timed blocks per loop")
-    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=RunConfig().channels_last,
-                   help="model and data in channels-last memory format (default: a run's default, %(default)s)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile every stage's submodules (forward and, for PETRA, the rebuild use them)")
-    p.add_argument("--methods", default="petra",
-                   help="methods timed against backprop, comma-separated (default petra; reversible ones need a RevNet)")
+    p.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=RunConfig().channels_last,
+        help="model and data in channels-last memory format (default: a run's default, %(default)s)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile every stage's submodules (forward and, for PETRA, the rebuild use them)",
+    )
+    p.add_argument(
+        "--methods",
+        default="petra",
+        help="methods timed against backprop, comma-separated (default petra; reversible ones need a RevNet)",
+    )
     p.add_argument("--json", help="also write the results here")
-    p.add_argument("--record", action="store_true", help="also write results/benchmarks/bench_speed-VARIANT.json (README's block is rendered from it)")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="also write results/benchmarks/bench_speed-VARIANT.json (README's block is rendered from it)",
+    )
     args = p.parse_args(argv)
     recorder = None
     if args.record:
         from petra_core.report.benchmarks import Recorder
 
-        recorder = Recorder("bench_speed", f"{args.arch}-w{args.width}-t{args.threads}"
-                            + ("-cl" if args.channels_last else "") + ("-compile" if args.compile else ""))
+        recorder = Recorder(
+            "bench_speed",
+            f"{args.arch}-w{args.width}-t{args.threads}"
+            + ("-cl" if args.channels_last else "")
+            + ("-compile" if args.compile else ""),
+        )
 
     methods = [m for m in args.methods.split(",") if m]
     for m in methods:
@@ -128,8 +148,10 @@ def main(argv=None) -> dict:
         x = x.contiguous(memory_format=torch.channels_last)
     recipe = Recipe(base_lr=0.01)
     prepare = compiled if args.compile else (lambda model: model)
-    loops = {"plain": plain_loop(prepare(copy.deepcopy(base)), x, y, recipe),
-             "backprop": engine_loop(prepare(copy.deepcopy(base)), "backprop", x, y, recipe)}
+    loops = {
+        "plain": plain_loop(prepare(copy.deepcopy(base)), x, y, recipe),
+        "backprop": engine_loop(prepare(copy.deepcopy(base)), "backprop", x, y, recipe),
+    }
     for m in methods:
         if m == "backprop" or (get_method(m).needs_reversible and not base.reversible_stages):
             continue  # PETRA on a ResNet: nothing to time
@@ -149,16 +171,25 @@ def main(argv=None) -> dict:
     ratio = {"backprop/plain": statistics.median(b / a for a, b in zip(times["plain"], times["backprop"]))}
     for m in others:
         ratio[f"{m}/backprop"] = statistics.median(b / a for a, b in zip(times["backprop"], times[m]))
-    result = {"arch": args.arch, "width": args.width, "batch": args.batch, "threads": args.threads,
-              "channels_last": args.channels_last, "compile": args.compile,
-              "host_malloc": "retain" if retain_freed_memory() else "system",
-              "s_per_step": {name: statistics.median(t) for name, t in times.items()},
-              "page_faults_per_step": {name: statistics.median(f) for name, f in faults.items()},
-              "ideal": {f"{m}/backprop": FLOP_RATIO[m] for m in others if m in FLOP_RATIO},
-              "ratio": ratio}
-    print(f"{args.arch}, CIFAR stem, width {args.width}, batch {args.batch}, {args.threads} thread(s)"
-          + (", channels-last" if args.channels_last else "") + (", torch.compile" if args.compile else "")
-          + f"; median of {args.blocks} alternating blocks of {args.steps} steps")
+    result = {
+        "arch": args.arch,
+        "width": args.width,
+        "batch": args.batch,
+        "threads": args.threads,
+        "channels_last": args.channels_last,
+        "compile": args.compile,
+        "host_malloc": "retain" if retain_freed_memory() else "system",
+        "s_per_step": {name: statistics.median(t) for name, t in times.items()},
+        "page_faults_per_step": {name: statistics.median(f) for name, f in faults.items()},
+        "ideal": {f"{m}/backprop": FLOP_RATIO[m] for m in others if m in FLOP_RATIO},
+        "ratio": ratio,
+    }
+    print(
+        f"{args.arch}, CIFAR stem, width {args.width}, batch {args.batch}, {args.threads} thread(s)"
+        + (", channels-last" if args.channels_last else "")
+        + (", torch.compile" if args.compile else "")
+        + f"; median of {args.blocks} alternating blocks of {args.steps} steps"
+    )
     for name, s in result["s_per_step"].items():
         print(f"  {name:<11} {1000 * s:8.1f} ms/step {result['page_faults_per_step'][name]:8.0f} page faults/step")
     for name, r in ratio.items():

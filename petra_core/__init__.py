@@ -8,15 +8,22 @@ runner, its worlds) -> accounting (observes the engine) -> data, config, grid ->
 The names below are loaded on first use, so ``import petra_core.report`` (or any other floor)
 does not pull in the engine.
 """
+
 from .lazy import lazy
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "ARCHS": "models", "StagedModel": "models", "build_model": "models",
-    "METHODS": "methods", "get_method": "methods",
-    "Pipeline": "engine", "Simulator": "engine", "simulate": "engine",
-    "Recipe": "optim", "Schedule": "engine.schedule",
+    "ARCHS": "models",
+    "StagedModel": "models",
+    "build_model": "models",
+    "METHODS": "methods",
+    "get_method": "methods",
+    "Pipeline": "engine",
+    "Simulator": "engine",
+    "simulate": "engine",
+    "Recipe": "optim",
+    "Schedule": "engine.schedule",
 }
 __all__ = [*sorted(_EXPORTS), "__version__"]
 __getattr__, __dir__ = lazy(__name__, _EXPORTS)

@@ -8,6 +8,7 @@ backprop, PETRA — recomputation from a buffered input or reconstruction from t
 them during that rebuild, as the paper describes, and run their forward with the statistics
 frozen. Evaluation uses the running statistics and never changes them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator

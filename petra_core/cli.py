@@ -3,6 +3,7 @@
 Errors a user can fix (bad config, missing or corrupt data, diverged run) are reported as one
 line, ``petra: error: ...``, with a non-zero exit status.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,18 +13,21 @@ import signal
 import sys
 from pathlib import Path
 
+from .data import DATASETS, DataError, prepare
+from .engine.schedule import Schedule
+from .methods import METHODS
 from .run.config import ConfigError, RunConfig
 from .workflow.grid import as_override, default_run_dir, load_profile
-from .data import DATASETS, DataError, prepare
-from .methods import METHODS
-from .engine.schedule import Schedule
 
 
 def train_args(args) -> list[str]:
     """The arguments of ``petra train`` as given (to repeat them in another command)."""
-    return [*args.config, *(["--profile", args.profile] if args.profile else []),
-            *(["--run-dir", args.run_dir] if args.run_dir else []),
-            *(["--checkpoint-dir", args.checkpoint_dir] if args.checkpoint_dir else [])]
+    return [
+        *args.config,
+        *(["--profile", args.profile] if args.profile else []),
+        *(["--run-dir", args.run_dir] if args.run_dir else []),
+        *(["--checkpoint-dir", args.checkpoint_dir] if args.checkpoint_dir else []),
+    ]
 
 
 def signal_hook(spec: str | None, rank: int):
@@ -71,8 +75,11 @@ def cmd_train(args) -> int:
     if distributed and "WORLD_SIZE" not in os.environ:
         from .run.session import torchrun_command
 
-        raise ConfigError("runtime=distributed runs one process per rank: launch it with torchrun, e.g. "
-                          + torchrun_command(train_args(args)) + " (N ranks: --nproc-per-node=N)")
+        raise ConfigError(
+            "runtime=distributed runs one process per rank: launch it with torchrun, e.g. "
+            + torchrun_command(train_args(args))
+            + " (N ranks: --nproc-per-node=N)"
+        )
     rank = int(os.environ.get("RANK", "0")) if distributed else 0
 
     def say(msg: str) -> None:  # rank 0 speaks for a distributed run (the others would repeat it)
@@ -80,8 +87,13 @@ def cmd_train(args) -> int:
             print(msg, file=sys.stderr)
 
     try:
-        metrics = train(cfg, run_dir, checkpoint_dir=args.checkpoint_dir,
-                        on_tick=signal_hook(os.environ.get("PETRA_SIGNAL_AT"), rank), log=say)
+        metrics = train(
+            cfg,
+            run_dir,
+            checkpoint_dir=args.checkpoint_dir,
+            on_tick=signal_hook(os.environ.get("PETRA_SIGNAL_AT"), rank),
+            log=say,
+        )
     except Interrupted as stop:
         say(f"petra: stopped: {stop}")
         return 130
@@ -100,16 +112,19 @@ def cmd_train(args) -> int:
 
         fail(err)
     if rank == 0:
-        print(f"{run_dir}: top-1 {metrics['top1']:.2f} %, top-5 {metrics['top5']:.2f} %, "
-              f"{metrics['images_per_s']:.0f} images/s")
+        print(
+            f"{run_dir}: top-1 {metrics['top1']:.2f} %, top-5 {metrics['top5']:.2f} %, "
+            f"{metrics['images_per_s']:.0f} images/s"
+        )
     return 0
 
 
 def cmd_verify(args) -> int:
     from .run.verify import format_report, verify
 
-    report = verify(args.run_dir, epochs=args.epochs, overrides=args.overrides,
-                    log=lambda msg: print(msg, file=sys.stderr))
+    report = verify(
+        args.run_dir, epochs=args.epochs, overrides=args.overrides, log=lambda msg: print(msg, file=sys.stderr)
+    )
     print(format_report(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
@@ -133,28 +148,46 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="petra", description="PETRA: pipelined training of reversible networks")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train", help="train one run (resumes if the run directory holds a checkpoint)",
-                       description="Train one run: model x dataset x method x k x seed. CONFIG is any number of "
-                                   "YAML files (merged left to right) and key=value overrides.")
+    p = sub.add_parser(
+        "train",
+        help="train one run (resumes if the run directory holds a checkpoint)",
+        description="Train one run: model x dataset x method x k x seed. CONFIG is any number of "
+        "YAML files (merged left to right) and key=value overrides.",
+    )
     p.add_argument("config", nargs="*", metavar="CONFIG", help="YAML files and key=value overrides")
-    p.add_argument("--profile", help="an experiment profile (workflow/config/profiles/*.yaml): its train section "
-                                     "is the base config, before CONFIG")
+    p.add_argument(
+        "--profile",
+        help="an experiment profile (workflow/config/profiles/*.yaml): its train section "
+        "is the base config, before CONFIG",
+    )
     p.add_argument("--run-dir", help="run directory (default: runs/DATASET/ARCH-wWIDTH/METHOD-kK-seedSEED)")
-    p.add_argument("--checkpoint-dir", help="where checkpoint.pt goes (default: the run directory; profile runs: "
-                                            "checkpoints/..., which DVC versions, see petra store)")
+    p.add_argument(
+        "--checkpoint-dir",
+        help="where checkpoint.pt goes (default: the run directory; profile runs: "
+        "checkpoints/..., which DVC versions, see petra store)",
+    )
     p.add_argument("--help-config", action="store_true", help="list every config key with default and meaning")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("verify", help="retrain a recorded run's first epochs at this code and compare with its record",
-                       description="Retrain the first N epochs of a recorded run (RUN_DIR/config.yaml) in a temporary "
-                                   "directory and compare them epoch by epoch with RUN_DIR/history.json. Prints "
-                                   "'bit-identical' or the differences, and whether bit identity was to be expected "
-                                   "(same code revision, torch, CPU capability and model, threads; on CUDA the GPU, "
-                                   "CUDA and cuDNN). Exit status 0 when bit-identical, 1 when not.")
+    p = sub.add_parser(
+        "verify",
+        help="retrain a recorded run's first epochs at this code and compare with its record",
+        description="Retrain the first N epochs of a recorded run (RUN_DIR/config.yaml) in a temporary "
+        "directory and compare them epoch by epoch with RUN_DIR/history.json. Prints "
+        "'bit-identical' or the differences, and whether bit identity was to be expected "
+        "(same code revision, torch, CPU capability and model, threads; on CUDA the GPU, "
+        "CUDA and cuDNN). Exit status 0 when bit-identical, 1 when not.",
+    )
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--epochs", type=int, default=1, help="epochs to retrain and compare (default %(default)s)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="a config change for the retraining, e.g. --set threads=2 (repeatable; it may break bit identity)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config change for the retraining, e.g. --set threads=2 (repeatable; it may break bit identity)",
+    )
     p.add_argument("--json", help="also write the report as JSON to this file")
     p.set_defaults(func=cmd_verify)
 
@@ -180,8 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _extensions():
     """Sub-commands contributed by other layers (report, accounting, storage), if present."""
     registers = []
-    for module in ("petra_core.report.commands", "petra_core.accounting.commands", "petra_core.workflow.store",
-                   "petra_core.workflow.gpus", "petra_core.workflow.revision"):
+    for module in (
+        "petra_core.report.commands",
+        "petra_core.accounting.commands",
+        "petra_core.workflow.store",
+        "petra_core.workflow.gpus",
+        "petra_core.workflow.revision",
+    ):
         try:
             registers.append(__import__(module, fromlist=["register"]).register)
         except ModuleNotFoundError as err:

@@ -1,5 +1,6 @@
 """Names a package exports but loads on first use (PEP 562), so importing one floor of the
 package does not import the others: ``__getattr__, __dir__ = lazy(__name__, {"name": "module"})``."""
+
 from __future__ import annotations
 
 import sys

@@ -7,6 +7,7 @@
 * Linear warm-up advanced at every optimizer step (one step = k minibatches), then ×gamma at
   milestone epochs: ``LinearLR`` chained with ``MultiStepLR``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import ChainedScheduler, LinearLR, LRScheduler, MultiStepLR
-
 
 OPTIMIZERS = ("sgd", "adamw")
 
@@ -54,7 +54,8 @@ def param_groups(params: Iterable[tuple[str, nn.Parameter]], weight_decay: float
 def make_optimizer(
     module: nn.Module, recipe: Recipe, *, batch_size: int, k: int, steps_per_epoch: float
 ) -> tuple[torch.optim.Optimizer, LRScheduler]:
-    """The optimizer (SGD or AdamW) + schedule for one stage. ``steps_per_epoch`` counts optimizer steps (minibatches / k)."""
+    """The optimizer (SGD or AdamW) + schedule for one stage. ``steps_per_epoch`` counts optimizer
+    steps (minibatches / k)."""
     lr = recipe.lr(batch_size, k)
     groups = param_groups(module.named_parameters(), recipe.weight_decay)
     if not groups:  # a stage without parameters (never happens for our models, but stay total)

@@ -18,6 +18,7 @@
 ``deterministic`` (also a run key, independent of precision): deterministic algorithms, cuDNN
 in deterministic mode without benchmarking; off, cuDNN benchmarks its algorithms (fastest).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,9 +46,13 @@ def set_numerics(precision: str, deterministic: bool) -> dict:
 
 def numerics() -> dict:
     """The flags in force, as a run records them (env.json)."""
-    return {"tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32,
-            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-            "cudnn_deterministic": torch.backends.cudnn.deterministic, "cudnn_benchmark": torch.backends.cudnn.benchmark}
+    return {
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+    }
 
 
 def compute(precision: str, device: torch.device):

@@ -3,6 +3,7 @@
 It lives below both of its readers (accounting: Tables 1 and 3; report: every table and figure)
 and this is its one loader.
 """
+
 from __future__ import annotations
 
 import ast
@@ -45,6 +46,7 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
 
 def evaluate_formula(expr: str | float, **names: float) -> float:
     """Evaluate a Table 1 entry such as ``"2*(J-j)/k"`` (numbers, names, + - * / and brackets only)."""
+
     def ev(node):
         if isinstance(node, ast.Expression):
             return ev(node.body)
@@ -57,4 +59,5 @@ def evaluate_formula(expr: str | float, **names: float) -> float:
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](ev(node.left), ev(node.right))
         raise ValueError(f"unsupported expression {expr!r}")
+
     return float(ev(ast.parse(str(expr), mode="eval")))

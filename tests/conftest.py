@@ -5,6 +5,7 @@
 * ``tiny_run`` / ``argv``: a tiny ``petra train`` config on the synthetic task, as a dict or as
   ``key=value`` arguments; ``TIMING`` / ``untimed``: a run record without its wall-clock keys.
 """
+
 import pytest
 import torch
 
@@ -24,8 +25,10 @@ def one_thread():
 def make_batches(n, dtype=torch.float32, batch=6, size=16, classes=5, seed=0):
     """``n`` minibatches of ``batch`` random ``size`` x ``size`` RGB images with labels in [0, classes)."""
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch, 3, size, size, generator=g, dtype=dtype),
-             torch.randint(0, classes, (batch,), generator=g)) for _ in range(n)]
+    return [
+        (torch.randn(batch, 3, size, size, generator=g, dtype=dtype), torch.randint(0, classes, (batch,), generator=g))
+        for _ in range(n)
+    ]
 
 
 def make_model(arch="revnet18", dtype=torch.float32, seed=0, method=None, aux_head=None):

@@ -12,28 +12,32 @@
 * ACCO with a fixed count on 2 gloo ranks gives the simulator's bits; a ``petra train`` run of it
   resumes bit for bit.
 """
+
 import copy
 import json
 
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import argv, make_batches, make_model, tiny_run, untimed, whole_and_resumed
+
 from petra_core import Recipe, Simulator
 from petra_core.engine.observers import BeforeStep
 from petra_core.optim import make_optimizer, param_groups
 from petra_core.replicas import get_rule
 from petra_core.replicas.sharded import FlatLayout, ShardedOptimizer
 
-OPTIMIZERS = {"sgd": Recipe(base_lr=0.05, weight_decay=5e-4),
-              "adamw": Recipe(base_lr=0.002, weight_decay=5e-4, optimizer="adamw")}
+OPTIMIZERS = {
+    "sgd": Recipe(base_lr=0.05, weight_decay=5e-4),
+    "adamw": Recipe(base_lr=0.002, weight_decay=5e-4, optimizer="adamw"),
+}
 
 
 def module_with_groups(seed=0):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Conv2d(3, 7, 3), torch.nn.BatchNorm2d(7), torch.nn.Flatten(),
-                               torch.nn.Linear(7 * 4 * 4, 5))
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 7, 3), torch.nn.BatchNorm2d(7), torch.nn.Flatten(), torch.nn.Linear(7 * 4 * 4, 5)
+    )
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
@@ -50,10 +54,14 @@ def test_a_sharded_step_equals_the_unsharded_step_bit_for_bit(name, R):
             p.grad = torch.randn(p.shape, generator=g)
         flat, lrs = layout.grads(), [grp["lr"] for grp in opt.param_groups]
         opt.step()
-        gathered = torch.cat([s.step(flat[r * layout.S:(r + 1) * layout.S], lrs) for r, s in enumerate(shards)])
+        gathered = torch.cat([s.step(flat[r * layout.S : (r + 1) * layout.S], lrs) for r, s in enumerate(shards)])
         assert torch.equal(gathered, layout.values()), f"{name}, R={R}, step {step}"
-    unsharded = sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
-                    if torch.is_tensor(v) and v.numel() > 1)
+    unsharded = sum(
+        v.numel() * v.element_size()
+        for s in opt.state.values()
+        for v in s.values()
+        if torch.is_tensor(v) and v.numel() > 1
+    )
     sharded = max(s.state_bytes() for s in shards)
     assert sharded < unsharded / R + 64 * 4  # 1/R of the moments (and a few step counters)
 
@@ -86,8 +94,17 @@ def test_zero1_is_dp_bit_for_bit(name, R):
     data = make_batches(6 * R, batch=4)
     states = {}
     for rule in ("dp", "zero1"):
-        sim = Simulator(make_model(), "backprop", num_batches=6, get_batch=data.__getitem__, batch_size=4, k=2,
-                        recipe=OPTIMIZERS[name], replicas=R, rule=rule).run()
+        sim = Simulator(
+            make_model(),
+            "backprop",
+            num_batches=6,
+            get_batch=data.__getitem__,
+            batch_size=4,
+            k=2,
+            recipe=OPTIMIZERS[name],
+            replicas=R,
+            rule=rule,
+        ).run()
         states[rule] = [copy.deepcopy(rep.model.state_dict()) for rep in sim.replicas]
     for r in range(R):
         differ = [k for k, v in states["dp"][r].items() if not torch.equal(v, states["zero1"][r][k])]
@@ -102,8 +119,17 @@ def weights(m):
 def simulate(rule, R, steps, k, data, recipe, record=False):
     rule = get_rule(rule[0], options=rule[1]) if isinstance(rule, tuple) else get_rule(rule)
     rule.record = record
-    sim = Simulator(make_model(dtype=torch.float64), "backprop", num_batches=steps * k, get_batch=data.__getitem__,
-                    batch_size=4, k=k, recipe=recipe, replicas=R, rule=rule).run()
+    sim = Simulator(
+        make_model(dtype=torch.float64),
+        "backprop",
+        num_batches=steps * k,
+        get_batch=data.__getitem__,
+        batch_size=4,
+        k=k,
+        recipe=recipe,
+        replicas=R,
+        rule=rule,
+    ).run()
     return sim, rule
 
 
@@ -112,7 +138,9 @@ class ClosedForm:
 
     def __init__(self, recipe, R, k, steps, data):
         self.model = make_model(dtype=torch.float64)
-        self.opts = [make_optimizer(stage, recipe, batch_size=4 * R, k=k, steps_per_epoch=steps) for stage in self.model]
+        self.opts = [
+            make_optimizer(stage, recipe, batch_size=4 * R, k=k, steps_per_epoch=steps) for stage in self.model
+        ]
         self.R, self.k, self.data = R, k, data
 
     def grad_at(self, theta, micro_batches):
@@ -169,18 +197,32 @@ def test_with_lr_0_acco_applies_exactly_ddps_mean_gradient():
     R, k, steps = 2, 4, 3
     data = make_batches(steps * k * R, torch.float64, batch=4)
     still = Recipe(base_lr=0.0, weight_decay=0.0)
-    dp = Simulator(make_model(dtype=torch.float64), "backprop", num_batches=steps * k, get_batch=data.__getitem__,
-                   batch_size=4, k=k, recipe=still, replicas=R)
+    dp = Simulator(
+        make_model(dtype=torch.float64),
+        "backprop",
+        num_batches=steps * k,
+        get_batch=data.__getitem__,
+        batch_size=4,
+        k=k,
+        recipe=still,
+        replicas=R,
+    )
     seen = {}
-    dp.observers.append(BeforeStep(lambda w: seen.__setitem__((w.index, w.steps), [p.grad.clone() for p in w.params]
-                                                              ) if w.replica == 0 else None))
+    dp.observers.append(
+        BeforeStep(
+            lambda w: (
+                seen.__setitem__((w.index, w.steps), [p.grad.clone() for p in w.params]) if w.replica == 0 else None
+            )
+        )
+    )
     dp.run()
     _, rule = simulate("acco", R, steps, k, data, still, record=True)
     for (j, t), grads in seen.items():
         stage = dp.model[j]
         by_id = dict(zip(map(id, stage.parameters()), grads))
-        mean = torch.cat([by_id[id(p)].reshape(-1) for g in param_groups(stage.named_parameters(), 1.0)
-                          for p in g["params"]])
+        mean = torch.cat(
+            [by_id[id(p)].reshape(-1) for g in param_groups(stage.named_parameters(), 1.0) for p in g["params"]]
+        )
         worst = float((applied(rule, j, t, R, mean.numel()) - mean).abs().max())
         assert worst <= 1e-10, f"stage {j}, step {t}: {worst:g}"
 
@@ -233,8 +275,21 @@ def test_dpu_is_the_closed_form_with_a_one_step_delay_after_its_warmup(warmup):
 
 def test_dpu_without_warmup_is_cdp1_bit_for_bit():
     data = make_batches(6 * 2, batch=4)
-    states = [Simulator(make_model(), "backprop", num_batches=6, get_batch=data.__getitem__, batch_size=4,
-                        recipe=OPTIMIZERS["sgd"], replicas=2, rule=rule).run().model.state_dict() for rule in ("dpu", "cdp1")]
+    states = [
+        Simulator(
+            make_model(),
+            "backprop",
+            num_batches=6,
+            get_batch=data.__getitem__,
+            batch_size=4,
+            recipe=OPTIMIZERS["sgd"],
+            replicas=2,
+            rule=rule,
+        )
+        .run()
+        .model.state_dict()
+        for rule in ("dpu", "cdp1")
+    ]
     assert all(torch.equal(v, states[1][key]) for key, v in states[0].items())
 
 
@@ -261,17 +316,48 @@ def test_bad_acco_setups_are_one_line():
     cases = [(dict(k=1, method="backprop"), "needs k >= 2"), (dict(k=2, method="petra"), "sequential schedule")]
     for kwargs, needle in cases:
         with pytest.raises(ValueError) as err:
-            Simulator(make_model(), kwargs["method"], num_batches=2, get_batch=data.__getitem__, batch_size=4,
-                      k=kwargs["k"], replicas=2, rule="acco")
+            Simulator(
+                make_model(),
+                kwargs["method"],
+                num_batches=2,
+                get_batch=data.__getitem__,
+                batch_size=4,
+                k=kwargs["k"],
+                replicas=2,
+                rule="acco",
+            )
         assert needle in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(ValueError, match="warmup=-1 is not allowed"):
         get_rule("dpu", options={"warmup": -1})
 
 
 # ---- on ranks, and resumed ------------------------------------------------------------------------------
-COMMON = ["--arch", "revnet18", "--num-classes", "5", "--batch", "4", "--steps", "8", "--threads", "1", "--lr", "0.05",
-          "--timeout", "60", "--width", "4", "--image-size", "16", "--replicas", "2", "--k", "4",
-          "--method", "backprop"]
+COMMON = [
+    "--arch",
+    "revnet18",
+    "--num-classes",
+    "5",
+    "--batch",
+    "4",
+    "--steps",
+    "8",
+    "--threads",
+    "1",
+    "--lr",
+    "0.05",
+    "--timeout",
+    "60",
+    "--width",
+    "4",
+    "--image-size",
+    "16",
+    "--replicas",
+    "2",
+    "--k",
+    "4",
+    "--method",
+    "backprop",
+]
 
 
 @pytest.mark.slow
@@ -281,6 +367,7 @@ def test_sharded_rules_on_ranks_match_the_simulator(tmp_path, rule, positions):
     all-gather over the replica axis) gives the simulator's bits."""
     from harness.compare import assert_bit_for_bit, check_outcome, simulator_state
     from harness.ranks import RANKS
+
     from petra_core.engine.launch import launch_local
 
     argv_ = [*COMMON, "--rule", rule, "--save", str(tmp_path / "{method}.pt")]
@@ -290,8 +377,19 @@ def test_sharded_rules_on_ranks_match_the_simulator(tmp_path, rule, positions):
 
 
 def test_an_acco_run_resumes_bit_for_bit(tmp_path, monkeypatch):
-    config = argv(tiny_run(synthetic_train=128, synthetic_test=64, batch_size=8, k=2, replicas=2, replica_rule="acco",
-                           method="backprop", optimizer="adamw", base_lr=0.01))
+    config = argv(
+        tiny_run(
+            synthetic_train=128,
+            synthetic_test=64,
+            batch_size=8,
+            k=2,
+            replicas=2,
+            replica_rule="acco",
+            method="backprop",
+            optimizer="adamw",
+            base_lr=0.01,
+        )
+    )
     whole, cut = whole_and_resumed(config, tmp_path, monkeypatch)
     a, b = (json.loads((d / "metrics.json").read_text()) for d in (whole, cut))
     assert untimed(a) == untimed(b)
@@ -310,9 +408,29 @@ def test_the_overlap_benchmark_runs_acco_in_timing_mode_against_ddp_and_zero1(tm
 
     out = tmp_path / "overlap.json"
     bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_acco.py"
-    subprocess.run([sys.executable, str(bench), "--width", "4", "--batch", "4", "--steps", "3", "--n", "1",
-                    "--memory-width", "4", "--json", str(out), "--record"], check=True, capture_output=True, timeout=600,
-                   cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            str(bench),
+            "--width",
+            "4",
+            "--batch",
+            "4",
+            "--steps",
+            "3",
+            "--n",
+            "1",
+            "--memory-width",
+            "4",
+            "--json",
+            str(out),
+            "--record",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     report = json.loads(out.read_text())
     from petra_core.report.readme import render_benchmarks
 

@@ -1,15 +1,22 @@
 """Accounting oracles (issue: measuring what the paper only estimated)."""
+
 import copy
 
 import pytest
 import torch
+from conftest import make_batches, make_model
 
 from petra_core import Recipe, Simulator, build_model
-from petra_core.accounting import (Recorder, measure_steady_state, per_stage, stage_shapes, table1, table3,
-                                   track_fidelity)
+from petra_core.accounting import (
+    Recorder,
+    measure_steady_state,
+    per_stage,
+    stage_shapes,
+    table1,
+    table3,
+    track_fidelity,
+)
 from petra_core.reference import evaluate_formula, load_reference
-
-from conftest import make_batches, make_model
 
 TINY_PER_STAGE = dict(stem="cifar", image_size=8, batch=2, width=4, num_classes=5, num_batches=2)  # per_stage's setup
 
@@ -110,7 +117,11 @@ def test_flop_ratios(tiny_costs):
             assert r.rebuild_flops == r.forward_flops
     for j in df.loc["delayed"].index:
         assert df.loc[("delayed", j)].rebuild_flops == 0
-    total = (tiny_costs.forward_flops + tiny_costs.rebuild_flops + tiny_costs.backward_flops).groupby(tiny_costs.method).sum()
+    total = (
+        (tiny_costs.forward_flops + tiny_costs.rebuild_flops + tiny_costs.backward_flops)
+        .groupby(tiny_costs.method)
+        .sum()
+    )
     fwd = df.loc["backprop"].forward_flops
     # backward = 2 forwards, except the stem, which needs no input gradient (1 forward)
     assert total["backprop"] == 3 * fwd.sum() - fwd.iloc[0] == total["delayed"]
@@ -137,8 +148,15 @@ def test_recorder_does_not_change_training():
     states = []
     for record in (False, True):
         model = make_model()
-        sim = Simulator(model, "petra", num_batches=6, get_batch=batches.__getitem__, batch_size=6, k=2,
-                        recipe=Recipe(base_lr=0.05, scale_lr=False))
+        sim = Simulator(
+            model,
+            "petra",
+            num_batches=6,
+            get_batch=batches.__getitem__,
+            batch_size=6,
+            k=2,
+            recipe=Recipe(base_lr=0.05, scale_lr=False),
+        )
         if record:
             rec = Recorder(sim, flops_minibatches={0}, walk_held=True)
         sim.run()
@@ -168,8 +186,15 @@ def test_fidelity_is_exact_with_zero_learning_rate(method):
     n, k = 8, 2
     batches = make_batches(n, size=8)
     model = make_model()
-    sim = Simulator(model, method, num_batches=n, get_batch=batches.__getitem__, batch_size=6, k=k,
-                    recipe=Recipe(base_lr=0.0, scale_lr=False))
+    sim = Simulator(
+        model,
+        method,
+        num_batches=n,
+        get_batch=batches.__getitem__,
+        batch_size=6,
+        k=k,
+        recipe=Recipe(base_lr=0.0, scale_lr=False),
+    )
     tracker = track_fidelity(sim, every=3)
     sim.run()
     records = tracker.records
@@ -187,8 +212,16 @@ def test_fidelity_of_replicas_is_exact_with_zero_learning_rate():
     n, k = 8, 2
     batches = make_batches(2 * n, size=8)
     model = make_model()
-    sim = Simulator(model, "petra", num_batches=n, get_batch=batches.__getitem__, batch_size=6, k=k,
-                    recipe=Recipe(base_lr=0.0, scale_lr=False), replicas=2)
+    sim = Simulator(
+        model,
+        "petra",
+        num_batches=n,
+        get_batch=batches.__getitem__,
+        batch_size=6,
+        k=k,
+        recipe=Recipe(base_lr=0.0, scale_lr=False),
+        replicas=2,
+    )
     tracker = track_fidelity(sim, every=3)
     sim.run()
     assert len(tracker.records) == 2 * len(model)
@@ -202,8 +235,15 @@ def test_fidelity_sees_staleness():
     n = 22
     batches = make_batches(n, batch=4, size=4)
     model = make_model()
-    sim = Simulator(model, "petra", num_batches=n, get_batch=batches.__getitem__, batch_size=6, k=1,
-                    recipe=Recipe(base_lr=0.05, scale_lr=False))
+    sim = Simulator(
+        model,
+        "petra",
+        num_batches=n,
+        get_batch=batches.__getitem__,
+        batch_size=6,
+        k=1,
+        recipe=Recipe(base_lr=0.05, scale_lr=False),
+    )
     tracker = track_fidelity(sim, every=20)
     sim.run()
     first = [r for r in tracker.records if r["step"] == 0]

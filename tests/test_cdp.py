@@ -9,15 +9,16 @@
 * a `petra train` run with cdp2 resumes bit for bit (the rule's remembered gradients are in the
   checkpoint).
 """
+
 import json
 
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import argv, make_batches, make_model, tiny_run, untimed, whole_and_resumed
 from harness.compare import assert_bit_for_bit, check_outcome, simulator_state
 from harness.ranks import RANKS
+
 from petra_core import Recipe, Simulator
 from petra_core.engine.launch import launch_local
 from petra_core.engine.observers import BeforeStep
@@ -37,8 +38,16 @@ def weights(m):
 def test_cdp1_is_dp_with_every_gradient_one_step_late(R):
     steps, b = 4, 4
     data = make_batches(steps * R, torch.float64, batch=b)
-    sim = Simulator(make_model(dtype=torch.float64), "backprop", num_batches=steps, get_batch=data.__getitem__,
-                    batch_size=b, recipe=RECIPE, replicas=R, rule="cdp1").run()
+    sim = Simulator(
+        make_model(dtype=torch.float64),
+        "backprop",
+        num_batches=steps,
+        get_batch=data.__getitem__,
+        batch_size=b,
+        recipe=RECIPE,
+        replicas=R,
+        rule="cdp1",
+    ).run()
 
     model = make_model(dtype=torch.float64)  # the closed form: one model, the mean gradient applied late
     opts = [make_optimizer(stage, RECIPE, batch_size=b * R, k=1, steps_per_epoch=steps) for stage in model]
@@ -66,12 +75,24 @@ def test_cdp1_is_dp_with_every_gradient_one_step_late(R):
 
 def applied_gradients(rule, R, steps, data, stages=None):
     """(replica, stage, step) -> the gradient each copy held at its step, with lr = 0."""
-    sim = Simulator(make_model(dtype=torch.float64), "backprop", num_batches=steps, get_batch=data.__getitem__,
-                    batch_size=4, recipe=Recipe(base_lr=0.0, weight_decay=0.0), replicas=R,
-                    rule=get_rule(rule, stages=stages))
+    sim = Simulator(
+        make_model(dtype=torch.float64),
+        "backprop",
+        num_batches=steps,
+        get_batch=data.__getitem__,
+        batch_size=4,
+        recipe=Recipe(base_lr=0.0, weight_decay=0.0),
+        replicas=R,
+        rule=get_rule(rule, stages=stages),
+    )
     seen = {}
-    sim.observers.append(BeforeStep(lambda w: seen.__setitem__(
-        (w.replica, w.index, w.steps), torch.cat([p.grad.flatten() for p in w.params]).clone())))
+    sim.observers.append(
+        BeforeStep(
+            lambda w: seen.__setitem__(
+                (w.replica, w.index, w.steps), torch.cat([p.grad.flatten() for p in w.params]).clone()
+            )
+        )
+    )
     sim.run()
     return seen, sim
 
@@ -105,9 +126,20 @@ def test_a_skipped_first_step_leaves_the_weights_and_advances_the_schedule():
     data = make_batches(2, torch.float64, batch=4)
     start = weights(make_model(dtype=torch.float64))
     warm = Recipe(base_lr=0.05, warmup_epochs=1.0)  # the learning rate moves at every step
-    runs = {rule: Simulator(make_model(dtype=torch.float64), "backprop", num_batches=1, get_batch=data.__getitem__,
-                            batch_size=4, recipe=warm, replicas=2, rule=rule, batches_per_epoch=4).run()
-            for rule in ("cdp1", "dp")}
+    runs = {
+        rule: Simulator(
+            make_model(dtype=torch.float64),
+            "backprop",
+            num_batches=1,
+            get_batch=data.__getitem__,
+            batch_size=4,
+            recipe=warm,
+            replicas=2,
+            rule=rule,
+            batches_per_epoch=4,
+        ).run()
+        for rule in ("cdp1", "dp")
+    }
     assert all(torch.equal(v, weights(runs["cdp1"].model)[k]) for k, v in start.items())
     assert not all(torch.equal(v, weights(runs["dp"].model)[k]) for k, v in start.items())
     lrs = {rule: [w.optimizer.param_groups[0]["lr"] for w in sim.workers] for rule, sim in runs.items()}
@@ -118,14 +150,43 @@ def test_stage_groups_are_checked_with_one_line():
     with pytest.raises(ConfigError, match="rule_stages=4 is only used by replica_rule cdp1 or cdp2; replica_rule='dp'"):
         RunConfig.from_dict({"replicas": 2, "replica_rule": "dp", "rule_stages": 4})
     with pytest.raises(ValueError, match="cdp2: stages=11 groups cannot be cut from a model of 10 stages"):
-        Simulator(make_model(), "backprop", num_batches=1, get_batch=make_batches(2).__getitem__, batch_size=6,
-                  replicas=2, rule=get_rule("cdp2", stages=11))
+        Simulator(
+            make_model(),
+            "backprop",
+            num_batches=1,
+            get_batch=make_batches(2).__getitem__,
+            batch_size=6,
+            replicas=2,
+            rule=get_rule("cdp2", stages=11),
+        )
     with pytest.raises(ValueError, match="replica rule 'dp' takes no stage groups"):
         get_rule("dp", stages=4)
 
 
-COMMON = ["--arch", "revnet18", "--num-classes", "5", "--batch", "4", "--steps", "8", "--threads", "1",
-          "--lr", "0.05", "--timeout", "60", "--width", "4", "--image-size", "16", "--replicas", "2", "--rule", "cdp2"]
+COMMON = [
+    "--arch",
+    "revnet18",
+    "--num-classes",
+    "5",
+    "--batch",
+    "4",
+    "--steps",
+    "8",
+    "--threads",
+    "1",
+    "--lr",
+    "0.05",
+    "--timeout",
+    "60",
+    "--width",
+    "4",
+    "--image-size",
+    "16",
+    "--replicas",
+    "2",
+    "--rule",
+    "cdp2",
+]
 
 
 @pytest.mark.slow
@@ -139,8 +200,11 @@ def test_cdp2_on_ranks_matches_the_simulator(tmp_path, positions, method, stages
 
 @pytest.mark.slow
 def test_a_cdp2_run_resumes_bit_for_bit(tmp_path, monkeypatch):
-    config = argv(tiny_run(synthetic_train=128, synthetic_test=64, batch_size=16, k=1, method="petra", replicas=2,
-                           replica_rule="cdp2"))
+    config = argv(
+        tiny_run(
+            synthetic_train=128, synthetic_test=64, batch_size=16, k=1, method="petra", replicas=2, replica_rule="cdp2"
+        )
+    )
     whole, cut = whole_and_resumed(config, tmp_path, monkeypatch)
     for name in ("history.json", "metrics.json"):
         assert untimed(json.loads((cut / name).read_text())) == untimed(json.loads((whole / name).read_text()))

@@ -1,5 +1,6 @@
 """workflow/scripts/compare_retrained.py: a retrained record against the one it replaced, read from
 git, with the fields that decide the bits that differ; a record that did not change is left out."""
+
 import json
 import subprocess
 import sys
@@ -19,7 +20,9 @@ def record(run: Path, revision: str, cpu: str, top1: float, loss: float, capabil
 
 
 def git(tmp, *args):
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp, check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp, check=True, capture_output=True
+    )
 
 
 def test_a_retrained_record_is_compared_with_the_one_it_replaced(tmp_path, monkeypatch, capsys):

@@ -1,10 +1,12 @@
 """Messages between devices of one process (petra_core/engine/copies.py), traced without a GPU:
 GPU-to-GPU copies run on copy streams of both devices, ordered by events, with record_stream;
 labels stay on the host until the head takes them."""
+
 from unittest import mock
 
 import pytest
 import torch
+from conftest import make_model
 from torch import Tensor
 
 from petra_core import Pipeline, Recipe
@@ -12,8 +14,6 @@ from petra_core.engine import LocalWorld, assemble
 from petra_core.engine.copies import DeviceCopies
 from petra_core.engine.messages import BackwardMsg, ForwardMsg
 from petra_core.engine.observers import Observer
-
-from conftest import make_model
 
 GPU0, GPU1 = torch.device("cuda:0"), torch.device("cuda:1")
 
@@ -80,8 +80,9 @@ def label(s):
 @pytest.fixture
 def cuda():
     fake = FakeCuda()
-    with mock.patch.multiple(torch.cuda, Stream=fake.Stream, current_stream=fake.current_stream, stream=fake.stream,
-                             Event=fake.Event):
+    with mock.patch.multiple(
+        torch.cuda, Stream=fake.Stream, current_stream=fake.current_stream, stream=fake.stream, Event=fake.Event
+    ):
         yield fake
 
 
@@ -102,8 +103,10 @@ def test_a_gpu_to_gpu_message_is_copied_on_copy_streams_and_handed_over_by_an_ev
     ]
     cuda.trace.clear()
     assert DeviceCopies.taken(sent, event, GPU1) is sent
-    assert cuda.trace == [("wait_event", "compute:cuda:1", "event"),  # the consumer waits when it takes it
-                          ("record_stream", "y@cuda:1", "compute:cuda:1")]
+    assert cuda.trace == [
+        ("wait_event", "compute:cuda:1", "event"),  # the consumer waits when it takes it
+        ("record_stream", "y@cuda:1", "compute:cuda:1"),
+    ]
 
 
 def test_nothing_is_copied_or_waited_for_on_one_device(cuda):
@@ -132,8 +135,17 @@ def test_labels_stay_on_the_host_until_the_head_takes_them():
     from the host to the head's device directly, never through stage 0's device."""
     model = make_model()
     x, y = torch.randn(2, 3, 16, 16), torch.randint(0, 5, (2,))
-    pipe = Pipeline(**assemble(model, "petra", LocalWorld(devices=[torch.device("meta")]), num_batches=4,
-                               get_batch=lambda mb: (x, y), batch_size=2, recipe=Recipe(scale_lr=False)))
+    pipe = Pipeline(
+        **assemble(
+            model,
+            "petra",
+            LocalWorld(devices=[torch.device("meta")]),
+            num_batches=4,
+            get_batch=lambda mb: (x, y),
+            batch_size=2,
+            recipe=Recipe(scale_lr=False),
+        )
+    )
     seen = SeenLabels()
     pipe.observers.append(seen)
     pipe.run()

@@ -10,13 +10,21 @@
   cells of a real run on one device;
 * the report renders the measurement (and says when there is none).
 """
+
 import pytest
 import torch
-
 from conftest import make_batches, make_model
+
 from petra_core import Simulator
-from petra_core.accounting.cyclic import (check_assignment, cyclic_profile, devices_needed, measure, steady_window,
-                                          summarize, uniform_offset)
+from petra_core.accounting.cyclic import (
+    check_assignment,
+    cyclic_profile,
+    devices_needed,
+    measure,
+    steady_window,
+    summarize,
+    uniform_offset,
+)
 from petra_core.engine.schedule import Schedule
 from petra_core.replicas import get_rule
 
@@ -31,10 +39,25 @@ def profile(rule, offset, stages=4):
 
 def test_offset_0_is_the_lockstep_pipeline():
     data = make_batches(8, batch=4)
-    a = Simulator(make_model(), "backprop", num_batches=2, get_batch=data.__getitem__, batch_size=4, replicas=4,
-                  rule=get_rule("cdp2", stages=4)).run()
-    b = Simulator(make_model(), "backprop", num_batches=2, get_batch=data.__getitem__, batch_size=4, replicas=4,
-                  rule=get_rule("cdp2", stages=4), offset=0).run()
+    a = Simulator(
+        make_model(),
+        "backprop",
+        num_batches=2,
+        get_batch=data.__getitem__,
+        batch_size=4,
+        replicas=4,
+        rule=get_rule("cdp2", stages=4),
+    ).run()
+    b = Simulator(
+        make_model(),
+        "backprop",
+        num_batches=2,
+        get_batch=data.__getitem__,
+        batch_size=4,
+        replicas=4,
+        rule=get_rule("cdp2", stages=4),
+        offset=0,
+    ).run()
     for ra, rb in zip(a.replicas, b.replicas):
         assert all(torch.equal(v, rb.model.state_dict()[k]) for k, v in ra.model.state_dict().items())
 

@@ -1,4 +1,5 @@
 """Oracles for the data layer: exact formats written in tmp_path, checksums, determinism, resumption."""
+
 import pickle
 import tarfile
 import time
@@ -10,8 +11,20 @@ import torch
 from PIL import Image
 
 from petra_core.data import (
-    DATASETS, DataError, FolderMinibatchStream, MinibatchStream, build_data, crop_flip, load_cifar10,
-    load_imagenet, load_imagenet32, load_prepared, make_synthetic, prepare, read_image_folder, read_image_tar,
+    DATASETS,
+    DataError,
+    FolderMinibatchStream,
+    MinibatchStream,
+    build_data,
+    crop_flip,
+    load_cifar10,
+    load_imagenet,
+    load_imagenet32,
+    load_prepared,
+    make_synthetic,
+    prepare,
+    read_image_folder,
+    read_image_tar,
     read_torchvision_cifar10,
 )
 from petra_core.data.imagenet import random_resized_crop_params
@@ -22,6 +35,7 @@ REAL_CIFAR = Path(__file__).resolve().parents[1].parent / "shared/data/cifar10-j
 
 
 # ---------------------------------------------------------------- fixtures: files in the exact formats
+
 
 def _pixels(split: str, cls: str, i: int, smooth: bool) -> np.ndarray:
     """Deterministic 32×32×3 content; smooth images survive JPEG nearly unchanged."""
@@ -83,6 +97,7 @@ def write_imagenet32(root: Path, rows_per_batch=3, val_rows=4, bad: dict | None 
 
 
 # ---------------------------------------------------------------- image folders and tarballs
+
 
 def test_png_folder_exact_pixels_and_sorted_labels(png_tree):
     root, written = png_tree
@@ -160,6 +175,7 @@ def test_folder_structure_errors(tmp_path):
 
 # ---------------------------------------------------------------- ImageNet32 pickles
 
+
 def test_imagenet32_layout_labels_and_known_pixel(tmp_path):
     written = write_imagenet32(tmp_path / "in32")
     data = load_imagenet32(tmp_path / "in32")
@@ -180,13 +196,16 @@ class _Evil:
         return (print, ("executed",))
 
 
-@pytest.mark.parametrize("bad,match", [
-    (lambda o: {"labels": o["labels"]}, "expected a dict with 'data' and 'labels'"),
-    (lambda o: {**o, "data": o["data"][:, :3000]}, "expected uint8 N×3072"),
-    (lambda o: {**o, "labels": [0] * len(o["labels"])}, "expected 1..1000"),
-    (lambda o: {**o, "labels": o["labels"][:-1]}, "one label per row"),
-    (lambda o: {**o, "extra": _Evil()}, "refusing global builtins.print"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (lambda o: {"labels": o["labels"]}, "expected a dict with 'data' and 'labels'"),
+        (lambda o: {**o, "data": o["data"][:, :3000]}, "expected uint8 N×3072"),
+        (lambda o: {**o, "labels": [0] * len(o["labels"])}, "expected 1..1000"),
+        (lambda o: {**o, "labels": o["labels"][:-1]}, "one label per row"),
+        (lambda o: {**o, "extra": _Evil()}, "refusing global builtins.print"),
+    ],
+)
 def test_imagenet32_bad_pickles(tmp_path, bad, match):
     write_imagenet32(tmp_path / "in32", bad={"train_data_batch_7": bad})
     with pytest.raises(DataError, match=rf"train_data_batch_7: .*{match}"):
@@ -207,6 +226,7 @@ def test_imagenet32_truncated_and_missing(tmp_path):
 
 
 # ---------------------------------------------------------------- preparation
+
 
 def test_prepare_round_trip_and_manifest(png_tar, tmp_path):
     out = prepare("cifar10", png_tar, tmp_path / "prepared/cifar10")
@@ -253,6 +273,7 @@ def test_failed_prepare_leaves_nothing_and_existing_needs_overwrite(png_tar, tmp
 
 # ---------------------------------------------------------------- synthetic data
 
+
 def test_synthetic_is_a_pure_function_of_its_parameters():
     a, b = make_synthetic(n_train=200, n_test=50, seed=3), make_synthetic(n_train=200, n_test=50, seed=3)
     c = make_synthetic(n_train=200, n_test=50, seed=4)
@@ -284,6 +305,7 @@ def test_synthetic_is_learnable():
 
 
 # ---------------------------------------------------------------- streams
+
 
 @pytest.fixture(scope="module")
 def split():
@@ -329,7 +351,7 @@ def test_crop_flip_matches_a_reference_loop():
     flips = torch.rand(16, generator=g) < 0.5
     padded = torch.nn.functional.pad(images.permute(0, 3, 1, 2), (2, 2, 2, 2)).permute(0, 2, 3, 1)
     for n in range(16):
-        ref = padded[n, oy[n]:oy[n] + 8, ox[n]:ox[n] + 8]
+        ref = padded[n, oy[n] : oy[n] + 8, ox[n] : ox[n] + 8]
         assert torch.equal(out[n], ref.flip(1) if flips[n] else ref)
     assert 0 < flips.sum() < 16 and len(set(zip(oy.tolist(), ox.tolist()))) > 1
     only_flip = crop_flip(images, torch.Generator().manual_seed(1), pad=0)
@@ -358,6 +380,7 @@ def test_stream_argument_errors(split):
 
 # ---------------------------------------------------------------- front door
 
+
 def test_build_data_front_door(tmp_path, png_tar):
     with pytest.raises(ValueError, match="unknown dataset 'mnist'; expected one of cifar10, imagenet32, imagenet"):
         build_data("mnist", batch_size=4, seed=0)
@@ -369,8 +392,9 @@ def test_build_data_front_door(tmp_path, png_tar):
     assert torch.equal(again.train.batch(1, 2)[0], b.train.batch(1, 2)[0])
     with pytest.raises(DataError, match="holds 'cifar10'; expected 'synthetic'"):
         build_data("synthetic", prepared_dir=tmp_path / "p", batch_size=4, seed=0)
-    syn = build_data("synthetic", prepared_dir=tmp_path / "s", batch_size=8, seed=0, subset=40, data_seed=2,
-                     n_train=100, n_test=30)
+    syn = build_data(
+        "synthetic", prepared_dir=tmp_path / "s", batch_size=8, seed=0, subset=40, data_seed=2, n_train=100, n_test=30
+    )
     assert syn.subset == 40 and syn.train.num_examples == 40 and syn.train.num_batches == 5
     assert syn.manifest["params"] == {"n_train": 100, "n_test": 30, "seed": 2}
     with pytest.raises(DataError, match="other parameters"):
@@ -383,6 +407,7 @@ def test_build_data_front_door(tmp_path, png_tar):
 
 # ---------------------------------------------------------------- full-size ImageNet folder
 
+
 @pytest.fixture
 def imagenet_root(tmp_path):
     rng = np.random.default_rng(0)
@@ -391,7 +416,9 @@ def imagenet_root(tmp_path):
             (tmp_path / "in" / split / cls).mkdir(parents=True)
             for i in range(n):
                 size = (40 + 8 * i, 30 + 4 * i, 3)
-                Image.fromarray(rng.integers(0, 256, size, dtype=np.uint8)).save(tmp_path / "in" / split / cls / f"{i}.jpg")
+                Image.fromarray(rng.integers(0, 256, size, dtype=np.uint8)).save(
+                    tmp_path / "in" / split / cls / f"{i}.jpg"
+                )
     return tmp_path / "in"
 
 
@@ -410,7 +437,7 @@ def test_imagenet_folder_streams(imagenet_root, tmp_path):
     g = torch.Generator().manual_seed(0)
     for _ in range(50):
         top, left, h, w = random_resized_crop_params(30, 40, g)
-        assert 0 <= top and top + h <= 30 and 0 <= left and left + w <= 40 and h > 0 and w > 0
+        assert top >= 0 and top + h <= 30 and left >= 0 and left + w <= 40 and h > 0 and w > 0
 
 
 def test_imagenet_prepare_records_root(imagenet_root, tmp_path):
@@ -429,6 +456,7 @@ def test_imagenet_prepare_records_root(imagenet_root, tmp_path):
 
 # ---------------------------------------------------------------- the real CIFAR-10 tarball
 
+
 @pytest.mark.slow
 @pytest.mark.skipif(not REAL_CIFAR.is_file(), reason=f"{REAL_CIFAR} not present")
 def test_real_cifar10_tarball(tmp_path):
@@ -439,8 +467,18 @@ def test_real_cifar10_tarball(tmp_path):
     t2 = time.perf_counter()
     print(f"\nprepare real CIFAR-10 tarball: {t1 - t0:.1f} s; load_prepared with verification: {t2 - t1:.2f} s")
     assert data.train.images.shape == (50000, 32, 32, 3) and data.test.images.shape == (10000, 32, 32, 3)
-    assert data.class_names == ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
-                                "truck")
+    assert data.class_names == (
+        "airplane",
+        "automobile",
+        "bird",
+        "cat",
+        "deer",
+        "dog",
+        "frog",
+        "horse",
+        "ship",
+        "truck",
+    )
     assert np.bincount(data.train.labels).tolist() == [5000] * 10
     assert np.bincount(data.test.labels).tolist() == [1000] * 10
     mean = data.train.images.reshape(-1, 3).mean(0) / 255

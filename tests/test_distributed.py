@@ -11,6 +11,7 @@
 Processes are plain subprocesses on 127.0.0.1; each sets torch.set_num_threads(1), and so does
 the simulator reference here (the same kernels on the same thread count).
 """
+
 import itertools
 import random
 import subprocess
@@ -19,12 +20,11 @@ import time
 
 import pytest
 import torch
-
 from harness.compare import assert_bit_for_bit, check_outcome, simulator_state
 from harness.ranks import RANKS
-from petra_core.engine.launch import free_port, launch_local
+
 from petra_core.engine.distributed.wire import SLOTS, flatten, from_wire, restore_layout, to_wire, unflatten
-from petra_core.models import streams
+from petra_core.engine.launch import free_port, launch_local
 from petra_core.engine.placement import (
     check_placement,
     even_partition,
@@ -32,6 +32,7 @@ from petra_core.engine.placement import (
     parse_placement,
     partition_contiguous,
 )
+from petra_core.models import streams
 
 # ---- placement -------------------------------------------------------------------------------------
 
@@ -83,9 +84,14 @@ def test_parse_placement():
     assert parse_placement("balanced", 3, 2, costs=[1, 1, 2]) == [range(0, 2), range(2, 3)]
     assert parse_placement([(0, 5), (5, 10)], 10, 2) == [range(0, 5), range(5, 10)]
     assert format_placement(parse_placement("0,1-8,9", 10, 3)) == "0,1-8,9"
-    for spec, needle in [("0-3,5-9", "rank 1 should start at stage 4"), ("0-3,4-8", "covers stages 0-8"),
-                         ("0-9", "1 stage ranges for 2 ranks"), ("1-4,5-9", "rank 0 should start at stage 0"),
-                         ("a-b,c", "expected 'even', 'balanced' or ranges"), ("balanced", "needs measured")]:
+    for spec, needle in [
+        ("0-3,5-9", "rank 1 should start at stage 4"),
+        ("0-3,4-8", "covers stages 0-8"),
+        ("0-9", "1 stage ranges for 2 ranks"),
+        ("1-4,5-9", "rank 0 should start at stage 0"),
+        ("a-b,c", "expected 'even', 'balanced' or ranges"),
+        ("balanced", "needs measured"),
+    ]:
         with pytest.raises(ValueError, match=needle):
             parse_placement(spec, 10, 2)
 
@@ -93,14 +99,17 @@ def test_parse_placement():
 # ---- wire format -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("t", [
-    torch.randn(4, 6, 5, 5),
-    torch.randn(4, 6, 5, 5).to(memory_format=torch.channels_last),
-    torch.randn(5, 4).t(),  # non-contiguous: sent as a contiguous copy
-    torch.randint(0, 9, (4,)),
-    torch.randn(3, dtype=torch.float64),
-    None,
-])
+@pytest.mark.parametrize(
+    "t",
+    [
+        torch.randn(4, 6, 5, 5),
+        torch.randn(4, 6, 5, 5).to(memory_format=torch.channels_last),
+        torch.randn(5, 4).t(),  # non-contiguous: sent as a contiguous copy
+        torch.randint(0, 9, (4,)),
+        torch.randn(3, dtype=torch.float64),
+        None,
+    ],
+)
 def test_wire_round_trip(t):
     slot, dense = to_wire(t)
     received = from_wire(slot, torch.device("cpu"))
@@ -129,16 +138,51 @@ def test_a_message_of_pairs_travels_as_its_tensors_and_comes_back_as_pairs():
 
 # ---- bit-for-bit against the simulator -------------------------------------------------------------
 
-COMMON = ["--arch", "revnet18", "--num-classes", "5", "--batch", "4", "--steps", "10", "--threads", "1",
-          "--lr", "0.05", "--timeout", "60"]
+COMMON = [
+    "--arch",
+    "revnet18",
+    "--num-classes",
+    "5",
+    "--batch",
+    "4",
+    "--steps",
+    "10",
+    "--threads",
+    "1",
+    "--lr",
+    "0.05",
+    "--timeout",
+    "60",
+]
 
 
 @pytest.mark.slow
 def test_two_ranks_under_torchrun_match_the_simulator(tmp_path):
-    argv = [*COMMON, "--width", "4", "--image-size", "16", "--method", "petra,delayed",
-            "--placement", "0-4,5-9", "--save", str(tmp_path / "{method}.pt")]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--node-rank=0", "--nproc-per-node=2",
-           "--master-addr=127.0.0.1", f"--master-port={free_port()}", RANKS, *argv]
+    argv = [
+        *COMMON,
+        "--width",
+        "4",
+        "--image-size",
+        "16",
+        "--method",
+        "petra,delayed",
+        "--placement",
+        "0-4,5-9",
+        "--save",
+        str(tmp_path / "{method}.pt"),
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        "--node-rank=0",
+        "--nproc-per-node=2",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        RANKS,
+        *argv,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=110)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "placement 0-4,5-9" in out.stdout
@@ -149,8 +193,21 @@ def test_two_ranks_under_torchrun_match_the_simulator(tmp_path):
 @pytest.mark.slow
 def test_three_ranks_balanced_placement_with_accumulation_match_the_simulator(tmp_path):
     # k = 3 over 10 minibatches: the final partial group is flushed like the simulator's
-    argv = [*COMMON, "--width", "2", "--image-size", "8", "--k", "3", "--method", "petra,delayed",
-            "--placement", "balanced", "--save", str(tmp_path / "{method}.pt")]
+    argv = [
+        *COMMON,
+        "--width",
+        "2",
+        "--image-size",
+        "8",
+        "--k",
+        "3",
+        "--method",
+        "petra,delayed",
+        "--placement",
+        "balanced",
+        "--save",
+        str(tmp_path / "{method}.pt"),
+    ]
     procs = launch_local(argv, 3, timeout=110, capture=True, script=RANKS)
     check_outcome(procs)
     assert procs[0].out.count("on 3 ranks") == 2
@@ -161,8 +218,21 @@ def test_three_ranks_balanced_placement_with_accumulation_match_the_simulator(tm
 @pytest.mark.slow
 def test_local_learning_on_two_ranks_matches_the_simulator(tmp_path):
     """local sends no backward message at all; the forward-gradient methods send true gradients."""
-    argv = [*COMMON, "--width", "2", "--image-size", "8", "--aux-head", "cnn", "--method", "local,fg-local-w,fg-local-a",
-            "--placement", "0-3,4-9", "--save", str(tmp_path / "{method}.pt")]
+    argv = [
+        *COMMON,
+        "--width",
+        "2",
+        "--image-size",
+        "8",
+        "--aux-head",
+        "cnn",
+        "--method",
+        "local,fg-local-w,fg-local-a",
+        "--placement",
+        "0-3,4-9",
+        "--save",
+        str(tmp_path / "{method}.pt"),
+    ]
     procs = launch_local(argv, 2, timeout=110, capture=True, script=RANKS)
     check_outcome(procs)
     for method in ("local", "fg-local-w", "fg-local-a"):
@@ -171,16 +241,31 @@ def test_local_learning_on_two_ranks_matches_the_simulator(tmp_path):
 
 # ---- failures ------------------------------------------------------------------------------------------
 
-FAIL = ["--arch", "revnet18", "--num-classes", "5", "--width", "2", "--image-size", "8", "--batch", "4",
-        "--threads", "1", "--method", "petra"]
+FAIL = [
+    "--arch",
+    "revnet18",
+    "--num-classes",
+    "5",
+    "--width",
+    "2",
+    "--image-size",
+    "8",
+    "--batch",
+    "4",
+    "--threads",
+    "1",
+    "--method",
+    "petra",
+]
 
 
 @pytest.mark.slow
 def test_killed_rank_stops_every_rank_and_is_named():
     """Rank 2 (stages 7-9) SIGKILLs itself at tick 8: ranks 1 and 0 exit non-zero within seconds;
     both name stage 7 (rank 2) — rank 0 learns it through the rendezvous store."""
-    procs = launch_local([*FAIL, "--steps", "40", "--timeout", "30", "--fault", "2:8:kill"], 3, timeout=100,
-                         capture=True, script=RANKS)
+    procs = launch_local(
+        [*FAIL, "--steps", "40", "--timeout", "30", "--fault", "2:8:kill"], 3, timeout=100, capture=True, script=RANKS
+    )
     killed = procs[2]
     assert killed.returncode == -9, killed.err
     for r in (0, 1):
@@ -196,14 +281,14 @@ def test_hung_rank_times_out_and_every_rank_exits():
     """Rank 1 stops making progress at tick 6 (alive, sockets open): its neighbours time out
     (timeout 4 s), report stage 4 (rank 1), and the hung rank's own watchdog ends it too."""
     t0 = time.monotonic()
-    procs = launch_local([*FAIL, "--steps", "40", "--timeout", "4", "--fault", "1:6:hang"], 3, timeout=100,
-                         capture=True, script=RANKS)
+    procs = launch_local(
+        [*FAIL, "--steps", "40", "--timeout", "4", "--fault", "1:6:hang"], 3, timeout=100, capture=True, script=RANKS
+    )
     assert all(p.returncode not in (0, None, -9) for p in procs), [(p.returncode, p.err) for p in procs]
     assert max(p.ended for p in procs) - t0 < 60
     for r in (0, 2):
         assert "stopped responding" in procs[r].err and "(rank 1)" in procs[r].err.splitlines()[0], procs[r].err
     assert "stopping at tick 6 because of it" in procs[1].err
-
 
 
 def test_a_rank_never_shares_a_gpu_by_wrapping_around():

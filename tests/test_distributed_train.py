@@ -15,6 +15,7 @@
 Ranks are plain subprocesses on 127.0.0.1 (gloo, one thread each, like the simulator here).
 Most of the time is process start-up (importing torch); the runs themselves take ~2 s.
 """
+
 import json
 import subprocess
 import sys
@@ -22,12 +23,11 @@ import sys
 import pytest
 import torch
 import torch.distributed
+from conftest import argv, tiny_run, untimed
 
-from petra_core.run import runio
 from petra_core.cli import main
 from petra_core.engine.launch import free_port, launch_local
-
-from conftest import argv, tiny_run, untimed
+from petra_core.run import runio
 
 # PETRA with k=2, 8 minibatches of 16 an epoch: 34 ticks in all
 TINY = argv(tiny_run(synthetic_train=128, synthetic_test=64, batch_size=16, k=2, method="petra"))
@@ -56,24 +56,45 @@ def simulated(tmp_path_factory):
 
 
 def petra_train(run, nprocs, signal_at=""):
-    procs = launch_local(["train", *DIST, "--run-dir", str(run)], nprocs, timeout=120, capture=True,
-                         module="petra_core.cli", env={"PETRA_SIGNAL_AT": signal_at})
+    procs = launch_local(
+        ["train", *DIST, "--run-dir", str(run)],
+        nprocs,
+        timeout=120,
+        capture=True,
+        module="petra_core.cli",
+        env={"PETRA_SIGNAL_AT": signal_at},
+    )
     return [p.returncode for p in procs], [p.err for p in procs]
 
 
 @pytest.mark.slow
 def test_two_ranks_under_torchrun_match_the_simulator(tmp_path, simulated):
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "petra_core.cli", "train", *DIST,
-           "--run-dir", str(run)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        "-m",
+        "petra_core.cli",
+        "train",
+        *DIST,
+        "--run-dir",
+        str(run),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("top-1") == 1  # rank 0 reports
     assert_same_run(run, simulated)
     env = json.loads((run / "env.json").read_text())
     assert env["world_size"] == 2 and env["placement"] == "0-4,5-9" and env["torch_threads"] == 1
-    assert sorted(p.name for p in (run / "checkpoint-parts").iterdir()) == ["replica0-position0-tick34.pt", "replica0-position1-tick34.pt"]
+    assert sorted(p.name for p in (run / "checkpoint-parts").iterdir()) == [
+        "replica0-position0-tick34.pt",
+        "replica0-position1-tick34.pt",
+    ]
 
 
 @pytest.mark.slow
@@ -99,8 +120,10 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, simulated, capsys, monkey
         env.setenv("MASTER_ADDR", "127.0.0.1"), env.setenv("MASTER_PORT", str(free_port()))
         code = main(["train", *DIST, "--run-dir", str(run)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err == [f"petra: error: {run / 'checkpoint.pt'} was written by 2 ranks, this launch has 1; "
-                                 "resume with torchrun --nproc-per-node=2"], err
+    assert code == 2 and err == [
+        f"petra: error: {run / 'checkpoint.pt'} was written by 2 ranks, this launch has 1; "
+        "resume with torchrun --nproc-per-node=2"
+    ], err
     assert not torch.distributed.is_initialized()
 
     codes, errs = petra_train(run, 2, signals)
@@ -112,17 +135,28 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, simulated, capsys, monkey
     assert codes == [0, 0], errs
     assert "resuming at tick 28 of 34 (epoch 1)" in errs[0]
     assert_same_run(run, simulated)
-    assert sorted(p.name for p in (run / "checkpoint-parts").iterdir()) == ["replica0-position0-tick34.pt", "replica0-position1-tick34.pt"]
+    assert sorted(p.name for p in (run / "checkpoint-parts").iterdir()) == [
+        "replica0-position0-tick34.pt",
+        "replica0-position1-tick34.pt",
+    ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("when,tick", [("at start-up", "start"), ("between two ticks", "5"),
-                                       ("after the last tick, during the final drain", "34")])
+@pytest.mark.parametrize(
+    "when,tick",
+    [("at start-up", "start"), ("between two ticks", "5"), ("after the last tick, during the final drain", "34")],
+)
 def test_a_dead_rank_is_named_by_every_survivor(tmp_path, when, tick):
     """Rank 1 of 3 (stages 4-6) dies (SIGKILL) {when}: ranks 0 and 2 exit non-zero and their
     message names rank 1 and its stages (heartbeats in the rendezvous store tell who is gone)."""
-    procs = launch_local(["train", *DIST, "dist_timeout=20", "--run-dir", str(tmp_path / "run")], 3, timeout=120,
-                         capture=True, module="petra_core.cli", env={"PETRA_SIGNAL_AT": f"1:{tick}:SIGKILL"})
+    procs = launch_local(
+        ["train", *DIST, "dist_timeout=20", "--run-dir", str(tmp_path / "run")],
+        3,
+        timeout=120,
+        capture=True,
+        module="petra_core.cli",
+        env={"PETRA_SIGNAL_AT": f"1:{tick}:SIGKILL"},
+    )
     assert procs[1].returncode == -9, procs[1].err
     for r in (0, 2):
         assert procs[r].returncode not in (0, None), (r, procs[r].err)
@@ -141,12 +175,14 @@ def simulated_mesh(tmp_path_factory):
 def test_a_2x2_mesh_interrupted_and_resumed_matches_the_simulator(tmp_path, simulated_mesh):
     run = tmp_path / "run"
     argv = ["train", *DIST, "replicas=2", "--run-dir", str(run)]
-    procs = launch_local(argv, 4, timeout=150, capture=True, module="petra_core.cli",
-                         env={"PETRA_SIGNAL_AT": "3:10:SIGTERM"})
+    procs = launch_local(
+        argv, 4, timeout=150, capture=True, module="petra_core.cli", env={"PETRA_SIGNAL_AT": "3:10:SIGTERM"}
+    )
     assert [p.returncode for p in procs] == [130] * 4, [p.err for p in procs]
     assert "SIGTERM (rank 3) at tick 10" in procs[0].err
     assert sorted(p.name for p in (run / "checkpoint-parts").iterdir()) == [
-        f"replica{r}-position{p}-tick10.pt" for r in (0, 1) for p in (0, 1)]
+        f"replica{r}-position{p}-tick10.pt" for r in (0, 1) for p in (0, 1)
+    ]
     procs = launch_local(argv, 4, timeout=150, capture=True, module="petra_core.cli")
     assert [p.returncode for p in procs] == [0] * 4, [p.err for p in procs]
     assert "resuming at tick 10" in procs[0].err
@@ -169,7 +205,12 @@ def test_the_simulators_replicas_resume_bit_for_bit(tmp_path, simulated_mesh, mo
 
 @pytest.mark.slow
 def test_replicas_that_do_not_divide_the_ranks_are_refused(tmp_path):
-    procs = launch_local(["train", *DIST, "replicas=3", "--run-dir", str(tmp_path / "run")], 2, timeout=120,
-                         capture=True, module="petra_core.cli")
+    procs = launch_local(
+        ["train", *DIST, "replicas=3", "--run-dir", str(tmp_path / "run")],
+        2,
+        timeout=120,
+        capture=True,
+        module="petra_core.cli",
+    )
     assert all(p.returncode == 2 for p in procs), [p.err for p in procs]
     assert "petra: error: replicas=3 must divide the number of ranks (2)" in procs[0].err

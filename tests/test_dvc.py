@@ -1,5 +1,6 @@
 """DVC as its user expects: a fresh clone is up to date, `dvc repro` trains nothing, datasets and
 checkpoints round-trip through a remote that `petra store` sets up."""
+
 import os
 import shutil
 import subprocess
@@ -12,8 +13,10 @@ from petra_core.workflow.store import artifacts, store
 
 ROOT = Path(__file__).resolve().parents[1]
 DVC = shutil.which("dvc", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-pytestmark = [pytest.mark.slow,  # every test runs dvc in a subprocess
-              pytest.mark.skipif(DVC is None, reason="DVC is not installed (the `pipeline` extra)")]
+pytestmark = [
+    pytest.mark.slow,  # every test runs dvc in a subprocess
+    pytest.mark.skipif(DVC is None, reason="DVC is not installed (the `pipeline` extra)"),
+]
 
 
 def dvc(*args, cwd=ROOT):
@@ -36,8 +39,11 @@ def test_store_versions_data_and_checkpoints_through_a_remote(tmp_path, monkeypa
     repo.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     assert dvc("init", "-q", cwd=repo).returncode == 0
-    files = {"data/prepared/synthetic/train_images.npy": b"\x93NUMPY fake", "data/prepared/synthetic/manifest.json": b"{}",
-             "checkpoints/smoke/synthetic/revnet18-w4/petra-k1-seed0/checkpoint.pt": b"weights"}
+    files = {
+        "data/prepared/synthetic/train_images.npy": b"\x93NUMPY fake",
+        "data/prepared/synthetic/manifest.json": b"{}",
+        "checkpoints/smoke/synthetic/revnet18-w4/petra-k1-seed0/checkpoint.pt": b"weights",
+    }
     for name, content in files.items():
         (repo / name).parent.mkdir(parents=True, exist_ok=True)
         (repo / name).write_bytes(content)

@@ -11,35 +11,38 @@ run where CUDA is visible (``pytest -m gpu``) and are skipped, with the reason, 
   than one (their work overlaps); the NCCL pipeline on 2 ranks equals the simulator;
 * no host synchronisation inside a tick (``torch.cuda.set_sync_debug_mode("error")``).
 """
+
 import copy
+import json
 import sys
 import time
 from pathlib import Path
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_batches, make_model
 from torch.overrides import TorchFunctionMode
 
-from petra_core.engine.observers import BeforeStep
 from petra_core import METHODS, Pipeline, Recipe, Simulator, build_model
 from petra_core.engine import LocalWorld, assemble
-
-from conftest import make_batches, make_model
+from petra_core.engine.observers import BeforeStep
 
 CUDA = torch.cuda.is_available()
 GPUS = torch.cuda.device_count() if CUDA else 0
 
 
 def gpu_lane(test):
-    return pytest.mark.gpu(pytest.mark.skipif(not CUDA, reason="no CUDA device visible: the GPU lane runs on a "
-                                                               "machine with one (pytest -m gpu)")(test))
+    return pytest.mark.gpu(
+        pytest.mark.skipif(
+            not CUDA, reason="no CUDA device visible: the GPU lane runs on a machine with one (pytest -m gpu)"
+        )(test)
+    )
 
 
 def multi_gpu(test):
     return pytest.mark.gpu(pytest.mark.skipif(GPUS < 2, reason=f"needs 2 or more GPUs, {GPUS} visible")(test))
+
 
 LR = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=False)
 WAITS = {"item", "tolist", "__float__", "__int__", "__bool__", "__index__", "cpu", "numpy", "nonzero", "synchronize"}
@@ -62,8 +65,9 @@ class Trace(TorchFunctionMode):
 @pytest.mark.parametrize("method", METHODS)
 def test_a_tick_never_waits_for_the_device(method):
     data = make_batches(30)
-    sim = Simulator(make_model(method=method), method, num_batches=30, get_batch=data.__getitem__, batch_size=6, k=2,
-                    recipe=LR)
+    sim = Simulator(
+        make_model(method=method), method, num_batches=30, get_batch=data.__getitem__, batch_size=6, k=2, recipe=LR
+    )
     order = []
     for w in sim.workers:
         for phase in ("forward", "backward"):
@@ -110,8 +114,15 @@ def test_zero_staleness_oracle_on_cuda(method):
     reference = copy.deepcopy(model)
     for x, y in data:
         (F.cross_entropy(reference(x), y) / 2).backward()
-    sim = Simulator(model, method, num_batches=6, get_batch=data.__getitem__, batch_size=6, k=2,
-                    recipe=Recipe(base_lr=0.0, scale_lr=False))
+    sim = Simulator(
+        model,
+        method,
+        num_batches=6,
+        get_batch=data.__getitem__,
+        batch_size=6,
+        k=2,
+        recipe=Recipe(base_lr=0.0, scale_lr=False),
+    )
     sums = [None] * len(model)
 
     def hook(w):
@@ -128,8 +139,9 @@ def test_zero_staleness_oracle_on_cuda(method):
 @gpu_lane
 def test_no_host_sync_inside_a_cuda_tick():
     data = [(x.pin_memory(), y.pin_memory()) for x, y in make_batches(30)]
-    sim = Simulator(make_model().cuda(), "petra", num_batches=30, get_batch=data.__getitem__, batch_size=6, k=2,
-                    recipe=LR)
+    sim = Simulator(
+        make_model().cuda(), "petra", num_batches=30, get_batch=data.__getitem__, batch_size=6, k=2, recipe=LR
+    )
     sim.run(25)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -139,12 +151,20 @@ def test_no_host_sync_inside_a_cuda_tick():
         torch.cuda.set_sync_debug_mode("default")
 
 
-
 def pipeline_on(devices, width=64, size=32, batch=64, n=60):
     data = [(x.pin_memory(), y.pin_memory()) for x, y in make_batches(n, batch=batch, size=size)]
     model = build_model("revnet18", num_classes=10, width=width)
-    return Pipeline(**assemble(model, "petra", LocalWorld(devices=devices), num_batches=n, get_batch=data.__getitem__,
-                               batch_size=batch, recipe=LR))
+    return Pipeline(
+        **assemble(
+            model,
+            "petra",
+            LocalWorld(devices=devices),
+            num_batches=n,
+            get_batch=data.__getitem__,
+            batch_size=batch,
+            recipe=LR,
+        )
+    )
 
 
 @multi_gpu
@@ -171,23 +191,41 @@ def test_stages_spread_over_gpus_and_their_work_overlaps():
 @multi_gpu
 def test_nccl_pipeline_equals_the_simulator(tmp_path):
     from harness.ranks import RANKS, demo_setup, parser
+
     from petra_core.engine.launch import launch_local
 
-    argv = ["--arch", "revnet18", "--num-classes", "5", "--batch", "4", "--steps", "10", "--width", "4",
-            "--image-size", "16", "--method", "petra", "--device", "cuda", "--timeout", "60",
-            "--save", str(tmp_path / "{method}.pt")]
+    argv = [
+        "--arch",
+        "revnet18",
+        "--num-classes",
+        "5",
+        "--batch",
+        "4",
+        "--steps",
+        "10",
+        "--width",
+        "4",
+        "--image-size",
+        "16",
+        "--method",
+        "petra",
+        "--device",
+        "cuda",
+        "--timeout",
+        "60",
+        "--save",
+        str(tmp_path / "{method}.pt"),
+    ]
     procs = launch_local(argv, 2, timeout=300, capture=True, script=RANKS)
     assert all(p.returncode == 0 for p in procs), [p.err[-2000:] for p in procs]
     args = parser().parse_args(argv)
     model, get_batch, recipe = demo_setup(args)
     model.cuda()
-    Simulator(model, "petra", num_batches=args.steps, get_batch=get_batch, batch_size=args.batch,
-              recipe=recipe).run()
+    Simulator(model, "petra", num_batches=args.steps, get_batch=get_batch, batch_size=args.batch, recipe=recipe).run()
     saved = torch.load(tmp_path / "petra.pt")
     for name, a in model.state_dict().items():
         b = saved[name].to(a.device)
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-7), f"{name}: NCCL pipeline differs from the simulator"
-
 
 
 def test_the_gpu_benchmark_runs(tmp_path):
@@ -197,8 +235,9 @@ def test_the_gpu_benchmark_runs(tmp_path):
     try:
         import bench_gpu
 
-        out = bench_gpu.main(["--device", "cpu", "--quick", "--inject-oom", "delayed", "--settings", "training",
-                              "--out", str(tmp_path)])  # the default method list: every method
+        out = bench_gpu.main(
+            ["--device", "cpu", "--quick", "--inject-oom", "delayed", "--settings", "training", "--out", str(tmp_path)]
+        )  # the default method list: every method
     finally:
         sys.path.remove(sys_path)
         sys.modules.pop("bench_gpu", None)
@@ -225,8 +264,9 @@ def test_the_gpu_benchmark_runs(tmp_path):
     assert f"| RevNet18 | cifar | training | PETRA | {1e3 * petra['s_per_batch']:.1f} | {ratio:.2f} |" in md, md
     assert "| Delayed (weight stash) | out of memory | – | – | tried 1024.00 |" in md
     assert "No GPU has measured" in tables.render("table1_costs", "md", {**context, "gpu": gpu.gpu_context([])})
-    assert "\\begin{tabular}{llllrrrr}" in tables.render("table1_costs", "tex",
-                                                       {**context, "gpu": gpu.gpu_context(gpu.load(tmp_path))})
+    assert "\\begin{tabular}{llllrrrr}" in tables.render(
+        "table1_costs", "tex", {**context, "gpu": gpu.gpu_context(gpu.load(tmp_path))}
+    )
 
 
 # ---- machines with several GPUs: local slots, SLURM ----------------------------------------------
@@ -253,9 +293,23 @@ def test_with_gpus_runs_the_command_on_its_gpus(tmp_path, monkeypatch):
     import subprocess
 
     env = {**__import__("os").environ, "CUDA_VISIBLE_DEVICES": "4,5", "PETRA_GPU_LOCKS": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "petra_core.cli", "with-gpus", "1", "--", sys.executable, "-c",
-                          "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"], env=env, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "petra_core.cli",
+            "with-gpus",
+            "1",
+            "--",
+            sys.executable,
+            "-c",
+            "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "4"
 
 
@@ -277,12 +331,24 @@ def test_the_first_contact_script_runs_every_part_on_cpu(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "OUT": str(tmp_path), "DEVICE": "cpu", "QUICK": "1", "PYTHON": sys.executable}
-    out = subprocess.run(["bash", str(root / "benchmarks" / "gpu_first_contact.sh")], env=env, capture_output=True,
-                         text=True, timeout=400)
+    out = subprocess.run(
+        ["bash", str(root / "benchmarks" / "gpu_first_contact.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     status = dict(line.split("\t")[:2] for line in (tmp_path / "status.tsv").read_text().splitlines()[1:])
-    assert status == {"env": "0", "bench": "0", "precision": "0", "resume_interrupted": "130", "resume_finished": "0",
-                      "train_bf16": "0", "loader": "0"}
+    assert status == {
+        "env": "0",
+        "bench": "0",
+        "precision": "0",
+        "resume_interrupted": "130",
+        "resume_finished": "0",
+        "train_bf16": "0",
+        "loader": "0",
+    }
     assert "precision: bf16" in (tmp_path / "bf16" / "run" / "config.yaml").read_text()
     settings = {r["settings"] for r in json.loads(next((tmp_path / "bench").glob("*.json")).read_text())["rows"]}
     assert settings == {"training", "bf16"}
@@ -298,10 +364,18 @@ def test_the_first_contact_script_stops_within_its_budget(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "OUT": str(tmp_path), "DEVICE": "cpu", "QUICK": "1", "PYTHON": sys.executable, "BUDGET": "5"}
-    out = subprocess.run(["bash", str(root / "benchmarks" / "gpu_first_contact.sh")], env=env, capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        ["bash", str(root / "benchmarks" / "gpu_first_contact.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line.split("\t") for line in (tmp_path / "status.tsv").read_text().splitlines()[1:]]
-    assert [r[0] for r in rows] == ["env", "bench", "precision", "resume_interrupted", "resume_finished", "train_bf16",
-                                    "loader"]
+    assert [r[0] for r in rows] == [
+        "env",
+        "bench",
+        "precision",
+        "resume_interrupted",
+        "resume_finished",
+        "train_bf16",
+        "loader",
+    ]
     assert all(r[1] == "skipped" for r in rows) and "budget is spent" in out.stdout

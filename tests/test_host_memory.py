@@ -1,5 +1,6 @@
 """host_memory: glibc keeps freed buffers (fewer page faults), the bits of a run do not change, and
 a bad setting is one clear line."""
+
 import subprocess
 import sys
 

@@ -6,6 +6,7 @@ differentiation measures the same directional derivative as backprop; `local` se
 across stages; auxiliary heads stay under 10 % of the network's FLOPs, and a model without them
 is the model as before.
 """
+
 import copy
 import gc
 import weakref
@@ -13,6 +14,7 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_batches, make_model
 from torch.utils.flop_counter import FlopCounterMode
 
 from petra_core import Recipe, Simulator, build_model, simulate
@@ -20,8 +22,6 @@ from petra_core.batchnorm import frozen_running_stats
 from petra_core.methods import ForwardGradient, KeepGraph, directional_derivative, project
 from petra_core.methods.local import ForwardGradientActivity, ForwardGradientWeight
 from petra_core.models import streams
-
-from conftest import make_batches, make_model
 
 LR = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=False)
 
@@ -56,7 +56,9 @@ def test_a_kept_graph_is_freed_after_its_backward_and_when_dropped(policy):
 @pytest.mark.parametrize("method", ["fg-local-w", "fg-local-a"])
 @pytest.mark.parametrize("arch", ["revnet18", "resnet18"])
 def test_a_forward_gradient_that_guesses_the_true_gradient_is_backprop(method, arch, monkeypatch):
-    monkeypatch.setattr(ForwardGradient, "guess", lambda self, stage, graph, labels, k, wrt, target, output=None: target)
+    monkeypatch.setattr(
+        ForwardGradient, "guess", lambda self, stage, graph, labels, k, wrt, target, output=None: target
+    )
     data = make_batches(6, torch.float64)
     fg, bp = make_model(arch, torch.float64, aux_head="cnn"), make_model(arch, torch.float64, aux_head="cnn")
     simulate(fg, method, data, k=2, recipe=LR)
@@ -121,8 +123,14 @@ def test_local_learning_sends_no_gradient_across_stages():
     for stage in list(model)[:-1]:
         stage.aux = torch.nn.Module()
         stage.aux.forward = lambda h: torch.zeros(h.shape[0], 5, dtype=h.dtype, requires_grad=True)
-    sim = Simulator(model, "local", num_batches=6, get_batch=make_batches(6, torch.float64).__getitem__,
-                    batch_size=6, recipe=Recipe(base_lr=0.05, weight_decay=0.0, scale_lr=False))
+    sim = Simulator(
+        model,
+        "local",
+        num_batches=6,
+        get_batch=make_batches(6, torch.float64).__getitem__,
+        batch_size=6,
+        recipe=Recipe(base_lr=0.05, weight_decay=0.0, scale_lr=False),
+    )
     sim.run()
     for j in range(len(model) - 1):
         for (name, a), b in zip(model[j].named_parameters(), before[j].parameters()):
@@ -147,16 +155,20 @@ def test_auxiliary_heads_are_small_and_optional(arch):
         for stage in list(with_heads)[:-1]:
             h = stage(h)
             stage.aux(streams.join(h))  # a RevNet's pair of streams, side by side
-    aux_flops = heads.get_total_flops() - (main.get_total_flops() - 2 * 10 * 8 * 8 * (2 if "rev" in arch else 1) *
-                                          (4 if arch.endswith("50") else 1))
+    aux_flops = heads.get_total_flops() - (
+        main.get_total_flops() - 2 * 10 * 8 * 8 * (2 if "rev" in arch else 1) * (4 if arch.endswith("50") else 1)
+    )
     assert aux_flops / main.get_total_flops() < 0.10
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    (dict(method="local"), "set aux_head"),
-    (dict(method="petra", aux_head="cnn"), "only used by local learning"),
-    (dict(method="local", aux_head="mlp"), "aux_head='mlp' is not allowed"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(method="local"), "set aux_head"),
+        (dict(method="petra", aux_head="cnn"), "only used by local learning"),
+        (dict(method="local", aux_head="mlp"), "aux_head='mlp' is not allowed"),
+    ],
+)
 def test_bad_local_learning_configs(kwargs, needle):
     from petra_core.run.config import ConfigError, RunConfig
 

@@ -11,6 +11,7 @@
 
 Processes are plain subprocesses on 127.0.0.1 with one torch thread each.
 """
+
 import json
 import re
 import subprocess
@@ -18,14 +19,34 @@ import sys
 
 import pytest
 import torch
-
 from harness.compare import assert_bit_for_bit, check_outcome, simulator_state
 from harness.ranks import RANKS
+
 from petra_core.engine.launch import free_port, launch_local
 from petra_core.engine.world import Mesh
 
-COMMON = ["--arch", "revnet18", "--num-classes", "5", "--batch", "4", "--steps", "8", "--threads", "1",
-          "--lr", "0.05", "--timeout", "60", "--width", "4", "--image-size", "16", "--replicas", "2"]
+COMMON = [
+    "--arch",
+    "revnet18",
+    "--num-classes",
+    "5",
+    "--batch",
+    "4",
+    "--steps",
+    "8",
+    "--threads",
+    "1",
+    "--lr",
+    "0.05",
+    "--timeout",
+    "60",
+    "--width",
+    "4",
+    "--image-size",
+    "16",
+    "--replicas",
+    "2",
+]
 
 
 def test_mesh_coordinates_are_row_major():
@@ -38,8 +59,15 @@ def test_mesh_coordinates_are_row_major():
 @pytest.mark.slow
 @pytest.mark.parametrize("positions", [1, 2])
 def test_dp_on_the_mesh_matches_the_simulator(tmp_path, positions):
-    argv = [*COMMON, "--method", "backprop,petra", "--save", str(tmp_path / "{method}.pt"),
-            "--where", str(tmp_path / "where")]
+    argv = [
+        *COMMON,
+        "--method",
+        "backprop,petra",
+        "--save",
+        str(tmp_path / "{method}.pt"),
+        "--where",
+        str(tmp_path / "where"),
+    ]
     procs = launch_local(argv, 2 * positions, timeout=200, capture=True, script=RANKS)
     check_outcome(procs)
     where = [json.loads((tmp_path / f"where.{r}.json").read_text()) for r in range(2 * positions)]
@@ -72,10 +100,27 @@ def test_two_torchrun_nodes_equal_one_node(tmp_path):
 
     def torchrun(nnodes, node_rank, port, out):
         return subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node-rank={node_rank}",
-             f"--nproc-per-node={4 // nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-             "--rdzv-id=petra-test", RANKS, *argv, "--save", str(out / "{method}.pt"), "--where", str(out / "where")],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nnodes={nnodes}",
+                f"--node-rank={node_rank}",
+                f"--nproc-per-node={4 // nnodes}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=petra-test",
+                RANKS,
+                *argv,
+                "--save",
+                str(out / "{method}.pt"),
+                "--where",
+                str(out / "where"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir(), two.mkdir()

@@ -1,19 +1,19 @@
 """Oracles for the five methods run through the one stage algorithm (issue: methods + simulator)."""
+
 import copy
 import io
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_batches, make_model
 
-from petra_core.engine import LocalWorld, assemble
-from petra_core.engine.observers import BeforeStep, Observer
 from petra_core import METHODS, Pipeline, Recipe, Simulator, simulate
 from petra_core.batchnorm import batches_tracked, frozen_running_stats
+from petra_core.engine import LocalWorld, assemble
+from petra_core.engine.observers import BeforeStep, Observer
 from petra_core.methods import Reconstruct
 from petra_core.models import streams
-
-from conftest import make_batches, make_model
 
 PAPER_METHODS = [name for name, m in METHODS.items() if not m.needs_aux]  # local learning: tests/test_local.py
 LR0 = Recipe(base_lr=0.0, weight_decay=5e-4, scale_lr=False)
@@ -246,8 +246,18 @@ def test_every_method_runs_a_whole_schedule_on_the_meta_device(method, replicas)
     x = torch.empty(2, 3, 16, 16, device="meta")
     y = torch.empty(2, dtype=torch.long, device="meta")
     n = 2 * len(model) if METHODS[method].schedule == "pipelined" else 2  # past the fill, into the steady state
-    pipe = Pipeline(**assemble(model, method, LocalWorld(devices=[torch.device("meta")], replicas=replicas),
-                               num_batches=n, get_batch=lambda mb: (x, y), batch_size=2, k=2, recipe=LR))
+    pipe = Pipeline(
+        **assemble(
+            model,
+            method,
+            LocalWorld(devices=[torch.device("meta")], replicas=replicas),
+            num_batches=n,
+            get_batch=lambda mb: (x, y),
+            batch_size=2,
+            k=2,
+            recipe=LR,
+        )
+    )
     pipe.run()
     assert pipe.done and all(w.steps == n // 2 for rep in pipe.replicas for w in rep.workers)
     assert next(pipe.model.parameters()).device.type == "meta"
@@ -285,8 +295,19 @@ def _train(method, arch, n, k, *, observe=False, precision="fp32", channels_last
         batches = [(x.contiguous(memory_format=torch.channels_last), y) for x, y in batches]
 
     def pipeline(model):
-        pipe = Pipeline(**assemble(model, method, LocalWorld(), num_batches=n, get_batch=batches.__getitem__,
-                                   batch_size=6, k=k, recipe=LR, precision=precision))
+        pipe = Pipeline(
+            **assemble(
+                model,
+                method,
+                LocalWorld(),
+                num_batches=n,
+                get_batch=batches.__getitem__,
+                batch_size=6,
+                k=k,
+                recipe=LR,
+                precision=precision,
+            )
+        )
         if observe:
             pipe.observers.append(Observer())
         return pipe
@@ -310,9 +331,16 @@ def _same_bits(a, b):
     return a[1] == b[1] and all(torch.equal(a[0][name], b[0][name]) for name in a[0])
 
 
-@pytest.mark.parametrize("arch,k,precision,channels_last", [
-    ("revnet18", 1, "fp32", False), ("revnet18", 2, "fp32", True), ("resnet18", 2, "fp32", True),
-    ("resnet18", 1, "fp32", False), ("revnet18", 1, "bf16", True)])
+@pytest.mark.parametrize(
+    "arch,k,precision,channels_last",
+    [
+        ("revnet18", 1, "fp32", False),
+        ("revnet18", 2, "fp32", True),
+        ("resnet18", 2, "fp32", True),
+        ("resnet18", 1, "fp32", False),
+        ("revnet18", 1, "bf16", True),
+    ],
+)
 def test_joined_graphs_give_the_bits_of_a_graph_per_stage(arch, k, precision, channels_last):
     """Backprop in one process joins every stage's graph to the next one's (one autograd call per
     minibatch); an observer keeps them apart (it times each stage's own backward). Same bits, also
@@ -328,10 +356,15 @@ def test_joined_graphs_give_the_bits_of_a_graph_per_stage(arch, k, precision, ch
 @pytest.mark.parametrize("method", ["delayed", "petra", "revbackprop", "local"])
 def test_only_graphs_of_the_live_weights_under_a_sequential_schedule_join(method):
     model = make_model(method=method)
-    pipe = Pipeline(**assemble(model, method, LocalWorld(), num_batches=1, get_batch=make_batches(1).__getitem__,
-                               batch_size=6, recipe=LR))
-    expected = [METHODS[method].schedule == "sequential" and w.storage.joins and b.storage.joins
-                for w, b in zip(pipe.workers, pipe.workers[1:])]
+    pipe = Pipeline(
+        **assemble(
+            model, method, LocalWorld(), num_batches=1, get_batch=make_batches(1).__getitem__, batch_size=6, recipe=LR
+        )
+    )
+    expected = [
+        METHODS[method].schedule == "sequential" and w.storage.joins and b.storage.joins
+        for w, b in zip(pipe.workers, pipe.workers[1:])
+    ]
     assert [w.joins_next for w in pipe.workers] == expected + [False]
     assert not any(expected), method  # of the paper's methods, backprop alone keeps live graphs
 

@@ -1,4 +1,5 @@
 """Oracles for the staged models: parameter counts, stage kinds, exact inverses."""
+
 import pytest
 import torch
 
@@ -14,8 +15,14 @@ PARAMS = {
     "revnet34": 22_319_208,
     "revnet50": 30_391_144,
 }
-PAPER_MILLIONS = {"resnet18": 11.7, "resnet34": 21.8, "resnet50": 25.6,
-                  "revnet18": 12.2, "revnet34": 22.3, "revnet50": 30.4}
+PAPER_MILLIONS = {
+    "resnet18": 11.7,
+    "resnet34": 21.8,
+    "resnet50": 25.6,
+    "revnet18": 12.2,
+    "revnet34": 22.3,
+    "revnet50": 30.4,
+}
 KINDS = {
     "resnet18": "S" + " B" * 8 + " H",
     "resnet34": "S" + " B" * 16 + " H",
@@ -82,8 +89,9 @@ def test_reconstruct_gives_autograd_gradients(arch):
             x_in = streams.apply(lambda t: t.detach().requires_grad_(), x)
             y = stage(x_in)
             g = streams.apply(torch.randn_like, y)
-            ref = torch.autograd.grad(streams.tensors(y), [*streams.tensors(x_in), *stage.parameters()],
-                                      streams.tensors(g))
+            ref = torch.autograd.grad(
+                streams.tensors(y), [*streams.tensors(x_in), *stage.parameters()], streams.tensors(g)
+            )
             graph = stage.reconstruct(streams.apply(torch.Tensor.detach, y))  # the engine's path
             stage.zero_grad(set_to_none=True)
             graph.backward(g)

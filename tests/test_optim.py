@@ -1,4 +1,5 @@
 """The recipe: Goyal scaling, warm-up then step decay, no weight decay on BN parameters and biases."""
+
 import pytest
 import torch
 
@@ -35,7 +36,7 @@ def test_warmup_then_step_decay(k):
     steps_per_epoch = batches_per_epoch // k
     warmup = 2 * steps_per_epoch
     seen = []
-    for s in range(7 * steps_per_epoch):
+    for _ in range(7 * steps_per_epoch):
         seen.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()

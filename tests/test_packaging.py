@@ -1,9 +1,10 @@
 """The environment files say what pyproject.toml says: environment.yml (conda, the development
 environment: every dependency and extra) and workflow/envs/petra.yaml (Snakemake's rules: the core)."""
+
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +23,8 @@ def requirements(specs):
 def pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     return requirements(project["dependencies"]), {
-        extra: requirements(specs) for extra, specs in project["optional-dependencies"].items()}
+        extra: requirements(specs) for extra, specs in project["optional-dependencies"].items()
+    }
 
 
 def conda(path):

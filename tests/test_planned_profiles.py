@@ -1,6 +1,7 @@
 """Planned profiles (workflow/config/planned/): grids being trained load as profiles, and one that
 grows a committed profile keeps every run of it unchanged, so the records already committed
 stay the records of the grown grid."""
+
 from pathlib import Path
 
 import pytest
@@ -19,10 +20,13 @@ def test_a_planned_profile_loads_and_names_distinct_runs(path):
     assert dirs and len(set(dirs)) == len(dirs), "every run of a profile has its own directory"
 
 
-@pytest.mark.parametrize("path", [p for p in PLANNED if (ROOT / "workflow/config/profiles" / p.name).exists()],
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", [p for p in PLANNED if (ROOT / "workflow/config/profiles" / p.name).exists()], ids=lambda p: p.stem
+)
 def test_a_grown_profile_keeps_every_committed_run_unchanged(path):
-    committed = {r.directory: r.config for r in grid.runs(grid.load_profile(ROOT / "workflow/config/profiles" / path.name))}
+    committed = {
+        r.directory: r.config for r in grid.runs(grid.load_profile(ROOT / "workflow/config/profiles" / path.name))
+    }
     grown = {r.directory: r.config for r in grid.runs(grid.load_profile(path))}
     missing = sorted(set(committed) - set(grown))
     assert not missing, f"the planned profile drops committed runs: {missing}"

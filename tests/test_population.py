@@ -1,18 +1,18 @@
 """Population rules (petra_core/replicas/population.py): ``independent``, ``papa``, ``wash``, against
 their closed forms: a shuffle is a permutation, p = 0 is independent training, PAPA at λ = 1 every
 step keeps every model at the average, the selected fraction of each tensor is p_k."""
+
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import make_batches, make_model
 
 from petra_core import Recipe, Simulator
 from petra_core.engine.world import LocalReplicaGroup
 from petra_core.replicas import get_rule
 from petra_core.replicas.population import PAPA, WASH, draw_generator
-
-from conftest import make_batches, make_model
 
 LR = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=False)
 
@@ -26,15 +26,27 @@ def fake_copies(replicas=4, shapes=((6, 5), (7,), (3, 4, 2)), steps=1, seed=0):
         opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
         for p in params:
             opt.state[p]["momentum_buffer"] = torch.randn(p.shape, generator=g)
-        copies.append(SimpleNamespace(index=2, replica=r, params=params, optimizer=opt, steps=steps,
-                                      tensor_offset=0, tensors_total=len(shapes), stage=torch.nn.Module()))
+        copies.append(
+            SimpleNamespace(
+                index=2,
+                replica=r,
+                params=params,
+                optimizer=opt,
+                steps=steps,
+                tensor_offset=0,
+                tensors_total=len(shapes),
+                stage=torch.nn.Module(),
+            )
+        )
     return copies
 
 
 def test_a_wash_shuffle_is_a_permutation_of_every_scalar_across_the_models():
     copies = fake_copies()
     before = [torch.stack([c.params[i].detach().clone() for c in copies]) for i in range(3)]
-    momenta = [torch.stack([c.optimizer.state[c.params[i]]["momentum_buffer"].clone() for c in copies]) for i in range(3)]
+    momenta = [
+        torch.stack([c.optimizer.state[c.params[i]]["momentum_buffer"].clone() for c in copies]) for i in range(3)
+    ]
     group = LocalReplicaGroup(4)
     WASH(p=0.6).after_step(copies, group)
     after = [torch.stack([c.params[i].detach() for c in copies]) for i in range(3)]
@@ -69,8 +81,9 @@ def test_a_shuffle_moves_the_same_scalar_in_channels_last_weights_and_their_mome
 def test_the_selected_fraction_of_each_tensor_is_its_layer_aware_probability():
     """p_k = p·(1 − k/(K−1)); over 10,000 draws the fraction selected is within 3 standard errors."""
     rule = WASH(p=0.2)
-    copy = SimpleNamespace(index=0, params=[torch.zeros(10), torch.zeros(10), torch.zeros(10)], tensor_offset=0,
-                           tensors_total=3)
+    copy = SimpleNamespace(
+        index=0, params=[torch.zeros(10), torch.zeros(10), torch.zeros(10)], tensor_offset=0, tensors_total=3
+    )
     counts = [0, 0, 0]
     draws = 10_000
     for step in range(draws // 10):  # 10 scalars per tensor and draw: 10,000 Bernoulli draws per tensor
@@ -92,8 +105,16 @@ def test_every_replica_draws_the_same_selection():
 def train(rule, replicas=2, method="backprop", n=6):
     model = make_model(method=method)
     batches = make_batches(n * replicas)
-    sim = Simulator(model, method, num_batches=n, get_batch=batches.__getitem__, batch_size=6, recipe=LR,
-                    replicas=replicas, rule=rule)
+    sim = Simulator(
+        model,
+        method,
+        num_batches=n,
+        get_batch=batches.__getitem__,
+        batch_size=6,
+        recipe=LR,
+        replicas=replicas,
+        rule=rule,
+    )
     sim.run()
     return [rep.model.state_dict() for rep in sim.replicas]
 
@@ -144,34 +165,69 @@ def test_different_initialisations_are_drawn_per_replica_the_same_on_every_run()
 
 
 def test_bad_population_options_are_one_line():
-    for name, options, needle in (("wash", {"p": 2}, "wash: p=2 is not allowed; allowed: 0 <= p <= 1"),
-                                  ("papa", {"every": 0}, "papa: every=0 is not allowed"),
-                                  ("independent", {"init": "random"}, "independent: init='random' is not allowed; "
-                                                                      "allowed: same, different"),
-                                  ("wash", {"q": 1}, "replica rule 'wash' has no option 'q'; allowed: p, momentum, "
-                                                     "init")):
+    for name, options, needle in (
+        ("wash", {"p": 2}, "wash: p=2 is not allowed; allowed: 0 <= p <= 1"),
+        ("papa", {"every": 0}, "papa: every=0 is not allowed"),
+        ("independent", {"init": "random"}, "independent: init='random' is not allowed; allowed: same, different"),
+        ("wash", {"q": 1}, "replica rule 'wash' has no option 'q'; allowed: p, momentum, init"),
+    ):
         with pytest.raises(ValueError) as err:
             get_rule(name, options=options)
         assert needle in str(err.value) and "\n" not in str(err.value)
 
 
-COMMON = ["--arch", "revnet18", "--num-classes", "5", "--batch", "4", "--steps", "8", "--threads", "1", "--lr", "0.05",
-          "--timeout", "60", "--width", "4", "--image-size", "16", "--replicas", "2"]
+COMMON = [
+    "--arch",
+    "revnet18",
+    "--num-classes",
+    "5",
+    "--batch",
+    "4",
+    "--steps",
+    "8",
+    "--threads",
+    "1",
+    "--lr",
+    "0.05",
+    "--timeout",
+    "60",
+    "--width",
+    "4",
+    "--image-size",
+    "16",
+    "--replicas",
+    "2",
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rule,options,method,positions", [("wash", '{"p": 0.2}', "backprop", 1),
-                                                           ("papa", '{"rate": 0.5, "every": 2}', "backprop", 1),
-                                                           ("wash", '{"p": 0.2, "init": "different"}', "petra", 2)])
+@pytest.mark.parametrize(
+    "rule,options,method,positions",
+    [
+        ("wash", '{"p": 0.2}', "backprop", 1),
+        ("papa", '{"rate": 0.5, "every": 2}', "backprop", 1),
+        ("wash", '{"p": 0.2, "init": "different"}', "petra", 2),
+    ],
+)
 def test_population_rules_on_ranks_match_the_simulator(tmp_path, rule, options, method, positions):
     """N = 2 on gloo ranks (the shuffled entries all-gathered, PAPA's average all-reduced) gives
     the simulator's bits."""
     from harness.compare import assert_bit_for_bit, check_outcome, simulator_state
     from harness.ranks import RANKS
+
     from petra_core.engine.launch import launch_local
 
-    argv_ = [*COMMON, "--rule", rule, "--rule-options", options, "--method", method,
-             "--save", str(tmp_path / "{method}.pt")]
+    argv_ = [
+        *COMMON,
+        "--rule",
+        rule,
+        "--rule-options",
+        options,
+        "--method",
+        method,
+        "--save",
+        str(tmp_path / "{method}.pt"),
+    ]
     procs = launch_local(argv_, 2 * positions, timeout=200, capture=True, script=RANKS)
     check_outcome(procs)
     assert_bit_for_bit(torch.load(tmp_path / f"{method}.pt"), simulator_state(argv_, method), method)
@@ -180,12 +236,20 @@ def test_population_rules_on_ranks_match_the_simulator(tmp_path, rule, options, 
 def test_a_population_run_reports_members_ensemble_average_and_communication(tmp_path):
     import json
 
-    from conftest import tiny_run
-    from petra_core.cli import main
-    from conftest import argv
+    from conftest import argv, tiny_run
 
-    config = tiny_run(synthetic_train=128, synthetic_test=64, batch_size=16, replicas=2, replica_rule="wash",
-                      rule_options="{p: 0.05}", bn_reestimate_batches=2, channels_last=True)  # as the wash profile
+    from petra_core.cli import main
+
+    config = tiny_run(
+        synthetic_train=128,
+        synthetic_test=64,
+        batch_size=16,
+        replicas=2,
+        replica_rule="wash",
+        rule_options="{p: 0.05}",
+        bn_reestimate_batches=2,
+        channels_last=True,
+    )  # as the wash profile
     assert main(["train", *argv(config), "--run-dir", str(tmp_path / "wash")]) == 0
     metrics = json.loads((tmp_path / "wash" / "metrics.json").read_text())
     pop = metrics["population"]
@@ -207,8 +271,17 @@ def test_a_wash_run_resumes_bit_for_bit_with_its_communication_count(tmp_path, m
 
     from conftest import argv, tiny_run, untimed, whole_and_resumed
 
-    config = argv(tiny_run(synthetic_train=128, synthetic_test=64, batch_size=16, replicas=2, replica_rule="wash",
-                           rule_options="{p: 0.05}", method="petra"))
+    config = argv(
+        tiny_run(
+            synthetic_train=128,
+            synthetic_test=64,
+            batch_size=16,
+            replicas=2,
+            replica_rule="wash",
+            rule_options="{p: 0.05}",
+            method="petra",
+        )
+    )
     whole, cut = whole_and_resumed(config, tmp_path, monkeypatch)
     a, b = (json.loads((d / "metrics.json").read_text()) for d in (whole, cut))
     assert untimed(a) == untimed(b)

@@ -1,10 +1,12 @@
 """The ``precision`` setting (petra_core/precision.py): bf16 autocast around every stage's
 compute, with weights, gradients, the loss and the activations stages send kept in float32;
 the flags a run records; one-line refusals."""
+
 import json
 
 import pytest
 import torch
+from conftest import make_batches, make_model, tiny_run
 
 from petra_core import METHODS, Pipeline, Recipe
 from petra_core.engine import LocalWorld, assemble
@@ -12,8 +14,6 @@ from petra_core.engine.observers import Observer
 from petra_core.models import streams
 from petra_core.precision import numerics, set_numerics
 from petra_core.run.config import ConfigError, RunConfig
-
-from conftest import make_batches, make_model, tiny_run
 
 LR = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=False)
 
@@ -30,8 +30,18 @@ class SentDtypes(Observer):
 def train_pipe(method, precision, n=6):
     model = make_model(method=method)
     batches = make_batches(n)
-    pipe = Pipeline(**assemble(model, method, LocalWorld(), num_batches=n, get_batch=lambda mb: batches[mb],
-                               batch_size=6, recipe=LR, precision=precision))
+    pipe = Pipeline(
+        **assemble(
+            model,
+            method,
+            LocalWorld(),
+            num_batches=n,
+            get_batch=lambda mb: batches[mb],
+            batch_size=6,
+            recipe=LR,
+            precision=precision,
+        )
+    )
     sent = SentDtypes()
     pipe.observers.append(sent)
     pipe.run()
@@ -47,8 +57,12 @@ def test_bf16_trains_every_method_with_float32_state_and_messages(method):
     assert sent <= {torch.float32}, f"{method} sent {sent}"
     for w in pipe.workers:
         assert all(p.dtype == torch.float32 for p in w.params)
-        assert all(s.dtype == torch.float32 for st in w.optimizer.state.values() for s in st.values()
-                   if isinstance(s, torch.Tensor) and s.is_floating_point())
+        assert all(
+            s.dtype == torch.float32
+            for st in w.optimizer.state.values()
+            for s in st.values()
+            if isinstance(s, torch.Tensor) and s.is_floating_point()
+        )
     assert losses != reference, "bf16 computed exactly what fp32 did: autocast was not applied"
     # the first loss is computed before any weight moved: bf16 rounding of the same computation
     # (after a few steps at batch 6 the two trajectories part, as any perturbation would make them)
@@ -59,8 +73,11 @@ def test_fp32_is_the_default_and_changes_no_bit():
     _, default, _ = train_pipe("petra", "fp32")
     model = make_model(method="petra")
     batches = make_batches(6)
-    pipe = Pipeline(**assemble(model, "petra", LocalWorld(), num_batches=6, get_batch=lambda mb: batches[mb],
-                               batch_size=6, recipe=LR))
+    pipe = Pipeline(
+        **assemble(
+            model, "petra", LocalWorld(), num_batches=6, get_batch=lambda mb: batches[mb], batch_size=6, recipe=LR
+        )
+    )
     pipe.run()
     assert [r.loss for r in pipe.head_log] == default
 
@@ -89,8 +106,17 @@ def test_a_bad_precision_is_one_line():
 def test_a_bf16_run_records_its_precision_and_flags(tmp_path):
     from petra_core.run.trainer import train
 
-    cfg = RunConfig.from_dict(tiny_run(precision="bf16", method="petra", epochs=1, synthetic_train=64,
-                                       synthetic_test=32, batch_size=16, bn_reestimate_batches=0))
+    cfg = RunConfig.from_dict(
+        tiny_run(
+            precision="bf16",
+            method="petra",
+            epochs=1,
+            synthetic_train=64,
+            synthetic_test=32,
+            batch_size=16,
+            bn_reestimate_batches=0,
+        )
+    )
     metrics = train(cfg, tmp_path / "run", log=lambda m: None)
     assert metrics["train_loss"] == metrics["train_loss"]  # finite (NaN != NaN)
     env = json.loads((tmp_path / "run" / "env.json").read_text())

@@ -3,6 +3,7 @@
 revision the repository never received, and of uncommitted code, were retrained at commits of
 main: docs/reproducing.md, "Reproducing a record on another machine".)
 """
+
 import json
 import subprocess
 from pathlib import Path
@@ -42,8 +43,10 @@ def history():
 
 
 def test_every_record_names_a_clean_revision_in_mains_history(history):
-    checked = {run.relative_to(ROOT).as_posix(): problem(json.loads((run / "env.json").read_text()).get("git_revision"))
-               for run in records()}
+    checked = {
+        run.relative_to(ROOT).as_posix(): problem(json.loads((run / "env.json").read_text()).get("git_revision"))
+        for run in records()
+    }
     assert checked, "no run records found under runs/"
     bad = {run: why for run, why in checked.items() if why}
     assert not bad, "records a reviewer cannot check out:\n" + "\n".join(f"  {r}: {w}" for r, w in sorted(bad.items()))

@@ -11,12 +11,11 @@
 
 import pytest
 import torch
+from conftest import make_batches, make_model
 
 from petra_core import Recipe, Simulator
 from petra_core.engine.observers import Observer
 from petra_core.replicas import REPLICA_RULES, DataParallel, get_rule
-
-from conftest import make_batches, make_model
 
 LR = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=True)
 
@@ -30,10 +29,26 @@ def weights(m):
 def test_dp_equals_one_replica_accumulating_R_minibatches(method, R):
     steps = 3
     data = make_batches(steps * R, torch.float64, batch=4)
-    one = Simulator(make_model(dtype=torch.float64), method, num_batches=steps * R, get_batch=data.__getitem__,
-                    batch_size=4, k=R, recipe=LR).run()
-    many = Simulator(make_model(dtype=torch.float64), method, num_batches=steps, get_batch=data.__getitem__,
-                     batch_size=4, k=1, recipe=LR, replicas=R, rule="dp").run()
+    one = Simulator(
+        make_model(dtype=torch.float64),
+        method,
+        num_batches=steps * R,
+        get_batch=data.__getitem__,
+        batch_size=4,
+        k=R,
+        recipe=LR,
+    ).run()
+    many = Simulator(
+        make_model(dtype=torch.float64),
+        method,
+        num_batches=steps,
+        get_batch=data.__getitem__,
+        batch_size=4,
+        k=1,
+        recipe=LR,
+        replicas=R,
+        rule="dp",
+    ).run()
     assert [w.steps for w in many.workers] == [w.steps for w in one.workers] == [steps] * len(one.workers)
     reference = weights(one.model)
     for rep in many.replicas:
@@ -55,8 +70,7 @@ def test_replica_shards_are_disjoint_and_cover_the_stream_in_turn():
             seen.append((replica, mb))
 
     data = make_batches(12, batch=4)
-    sim = Simulator(make_model(), "petra", num_batches=4, get_batch=data.__getitem__, batch_size=4,
-                    replicas=3)
+    sim = Simulator(make_model(), "petra", num_batches=4, get_batch=data.__getitem__, batch_size=4, replicas=3)
     sim.observers.append(Fetched())
     sim.run()
     assert sorted(mb for _, mb in seen) == list(range(12))
@@ -67,8 +81,9 @@ def test_replica_shards_are_disjoint_and_cover_the_stream_in_turn():
 @pytest.mark.parametrize("method", ["petra", "delayed", "dsp"])
 def test_dp_replicas_stay_identical_under_a_pipelined_method(method):
     data = make_batches(16, batch=4)
-    sim = Simulator(make_model(), method, num_batches=8, get_batch=data.__getitem__, batch_size=4,
-                    replicas=2, recipe=LR).run()
+    sim = Simulator(
+        make_model(), method, num_batches=8, get_batch=data.__getitem__, batch_size=4, replicas=2, recipe=LR
+    ).run()
     a, b = (weights(rep.model) for rep in sim.replicas)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], v) for k, v in weights(make_model()).items())
@@ -76,10 +91,10 @@ def test_dp_replicas_stay_identical_under_a_pipelined_method(method):
 
 def test_one_replica_is_the_plain_pipeline():
     data = make_batches(6, batch=4)
-    plain = Simulator(make_model(), "petra", num_batches=6, get_batch=data.__getitem__,
-                      batch_size=4).run()
-    meshed = Simulator(make_model(), "petra", num_batches=6, get_batch=data.__getitem__,
-                       batch_size=4, replicas=1, rule="dp").run()
+    plain = Simulator(make_model(), "petra", num_batches=6, get_batch=data.__getitem__, batch_size=4).run()
+    meshed = Simulator(
+        make_model(), "petra", num_batches=6, get_batch=data.__getitem__, batch_size=4, replicas=1, rule="dp"
+    ).run()
     assert all(torch.equal(v, meshed.model.state_dict()[k]) for k, v in plain.model.state_dict().items())
 
 
@@ -89,8 +104,14 @@ def test_rules_by_name():
     with pytest.raises(ValueError, match="unknown replica rule 'cdp9'; allowed: dp"):
         get_rule("cdp9")
     with pytest.raises(ValueError, match="replicas must be an integer >= 1, got 0"):
-        Simulator(make_model(), "backprop", num_batches=2,
-                  get_batch=make_batches(2, torch.float64, batch=4).__getitem__, batch_size=4, replicas=0)
+        Simulator(
+            make_model(),
+            "backprop",
+            num_batches=2,
+            get_batch=make_batches(2, torch.float64, batch=4).__getitem__,
+            batch_size=4,
+            replicas=0,
+        )
 
 
 def test_a_pipeline_is_freed_on_del():
@@ -98,8 +119,7 @@ def test_a_pipeline_is_freed_on_del():
     import weakref
 
     data = make_batches(4, batch=4)
-    sim = Simulator(make_model(), "petra", num_batches=2, get_batch=data.__getitem__, batch_size=4,
-                    replicas=2).run(3)
+    sim = Simulator(make_model(), "petra", num_batches=2, get_batch=data.__getitem__, batch_size=4, replicas=2).run(3)
     refs = [weakref.ref(sim), weakref.ref(sim.world), weakref.ref(sim.model)]
     gc.disable()
     try:
@@ -122,14 +142,23 @@ def test_observers_see_every_phase_in_order():
             seen.append(("after", phase, worker.index))
 
     data = make_batches(2, dtype=torch.float32, batch=4)
-    sim = Simulator(make_model(dtype=torch.float32), "backprop", num_batches=2, get_batch=data.__getitem__,
-                    batch_size=4)
+    sim = Simulator(
+        make_model(dtype=torch.float32), "backprop", num_batches=2, get_batch=data.__getitem__, batch_size=4
+    )
     sim.observers.append(Log())
     sim.run()
     assert {p for _, p, _ in seen} == set(PHASES)
     stage1 = [(when, p) for when, p, j in seen if j == 1][:8]
-    assert stage1 == [("before", "forward"), ("after", "forward"), ("before", "send"), ("after", "send"),
-                      ("before", "rebuild"), ("after", "rebuild"), ("before", "backward"), ("after", "backward")]
+    assert stage1 == [
+        ("before", "forward"),
+        ("after", "forward"),
+        ("before", "send"),
+        ("after", "send"),
+        ("before", "rebuild"),
+        ("after", "rebuild"),
+        ("before", "backward"),
+        ("after", "backward"),
+    ]
 
 
 def test_restored_messages_go_to_the_receiving_stages_device():

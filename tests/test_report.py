@@ -2,6 +2,7 @@
 
 Fast: fake run directories in tmp_path, cost tables measured at tiny shapes.
 """
+
 import json
 import math
 import sys
@@ -12,12 +13,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from petra_core.workflow import grid
 from petra_core.accounting import costs as measured_costs
-from petra_core.run.config import RunConfig
 from petra_core.reference import load_paper_reference, load_reference
 from petra_core.report import costs, results, tables
 from petra_core.report.labels import formula, pm, pretty_expr, tex
+from petra_core.run.config import RunConfig
+from petra_core.workflow import grid
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ROOT / "workflow" / "config" / "profiles"
@@ -25,10 +26,18 @@ PROFILES = ROOT / "workflow" / "config" / "profiles"
 # --- fake runs ---------------------------------------------------------------------------------
 FAKE_PROFILE = {
     "profile": "fake",
-    "train": {"dataset": "cifar10", "data_source": "nowhere.tar.gz", "width": 8, "epochs": 3, "batch_size": 32,
-              "fidelity_every": 2},
-    "grid": [{"arch": ["revnet18"], "method": ["backprop"], "k": [1], "seed": [0, 1]},
-             {"arch": ["revnet18"], "method": ["petra"], "k": [1, 2], "seed": [0]}],
+    "train": {
+        "dataset": "cifar10",
+        "data_source": "nowhere.tar.gz",
+        "width": 8,
+        "epochs": 3,
+        "batch_size": 32,
+        "fidelity_every": 2,
+    },
+    "grid": [
+        {"arch": ["revnet18"], "method": ["backprop"], "k": [1], "seed": [0, 1]},
+        {"arch": ["revnet18"], "method": ["petra"], "k": [1, 2], "seed": [0]},
+    ],
 }
 TOP1 = {("backprop", 1, 0): 71.25, ("backprop", 1, 1): 72.75, ("petra", 1, 0): 60.5, ("petra", 2, 0): 58.0}
 TRAIN_ACC = {("petra", 1, 0): 61.0, ("petra", 2, 0): 65.0}  # k = 2 has the better training accuracy
@@ -58,20 +67,59 @@ def profile_results(tmp_path_factory, spec: dict, write_run_of) -> dict:
 def write_run(run_dir: Path, cfg: dict, fidelity: bool) -> None:
     key = (cfg["method"], cfg["k"], cfg["seed"])
     top1 = TOP1[key]
-    history = [{"epoch": e, "train_loss": 2.0 / e, "train_acc": 20.0 * e, "test_loss": 1.5 / e, "top1": top1 - 10 * (3 - e),
-                "top5": 90.0, "lr": 0.1, "images_per_s": 100.0, "wall_time_s": 10.0, "eval_time_s": 1.0}
-               for e in (1, 2, 3)]
-    metrics = {"top1": top1, "top5": 90.0, "test_loss": 0.5, "train_loss": 0.7,
-               "train_acc": TRAIN_ACC.get(key, 70.0), "best_top1": top1,
-               "top1_last10_mean": sum(h["top1"] for h in history) / 3, "epochs": 3, "optimizer_steps": 30,
-               "peak_kept_bytes": [1_000_000 * (j % 3) for j in range(10)], "images_per_s": 100.0, "wall_time_s": 33.0,
-               "params": 177_274, "stages": 10, "stage_kinds": "S R R D R D R D R H"}
+    history = [
+        {
+            "epoch": e,
+            "train_loss": 2.0 / e,
+            "train_acc": 20.0 * e,
+            "test_loss": 1.5 / e,
+            "top1": top1 - 10 * (3 - e),
+            "top5": 90.0,
+            "lr": 0.1,
+            "images_per_s": 100.0,
+            "wall_time_s": 10.0,
+            "eval_time_s": 1.0,
+        }
+        for e in (1, 2, 3)
+    ]
+    metrics = {
+        "top1": top1,
+        "top5": 90.0,
+        "test_loss": 0.5,
+        "train_loss": 0.7,
+        "train_acc": TRAIN_ACC.get(key, 70.0),
+        "best_top1": top1,
+        "top1_last10_mean": sum(h["top1"] for h in history) / 3,
+        "epochs": 3,
+        "optimizer_steps": 30,
+        "peak_kept_bytes": [1_000_000 * (j % 3) for j in range(10)],
+        "images_per_s": 100.0,
+        "wall_time_s": 33.0,
+        "params": 177_274,
+        "stages": 10,
+        "stage_kinds": "S R R D R D R D R H",
+    }
     write_records(run_dir, cfg, metrics, history)
-    (run_dir / "env.json").write_text(json.dumps({"device": "cpu", "processor": "test-cpu", "torch_threads": 1,
-                                                  "torch": "x", "git_revision": "abc"}))
+    (run_dir / "env.json").write_text(
+        json.dumps({"device": "cpu", "processor": "test-cpu", "torch_threads": 1, "torch": "x", "git_revision": "abc"})
+    )
     if fidelity:
-        rows = [{"method": cfg["method"], "step": s, "tick": s, "stage": j, "kind": "R", "num_minibatches": 1,
-                 "cosine": 0.9, "rel_error": 0.1, "grad_norm": 1.0, "true_norm": 1.0} for s in (0, 2) for j in range(3)]
+        rows = [
+            {
+                "method": cfg["method"],
+                "step": s,
+                "tick": s,
+                "stage": j,
+                "kind": "R",
+                "num_minibatches": 1,
+                "cosine": 0.9,
+                "rel_error": 0.1,
+                "grad_norm": 1.0,
+                "true_norm": 1.0,
+            }
+            for s in (0, 2)
+            for j in range(3)
+        ]
         pd.DataFrame(rows).to_csv(run_dir / "fidelity.csv", index=False)
 
 
@@ -92,8 +140,10 @@ def fake(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cost_tables(tmp_path_factory):
     out = tmp_path_factory.mktemp("costs")
-    tiny = {"table1": {"stem": "cifar", "image_size": 16, "width": 4, "num_classes": 10},
-            "fidelity": {"width": 4, "image_size": 8, "batch": 4, "num_batches": 12, "every": 2}}
+    tiny = {
+        "table1": {"stem": "cifar", "image_size": 16, "width": 4, "num_classes": 10},
+        "fidelity": {"width": 4, "image_size": 8, "batch": 4, "num_batches": 12, "every": 2},
+    }
     measured_costs.write(measured_costs.measure(tiny), out)
     return out
 
@@ -132,9 +182,13 @@ def test_smoke_profile_covers_every_kind_of_run():
     points = [r.point for r in grid.runs(spec)]
     assert spec["train"]["dataset"] == "synthetic" and spec["train"]["threads"] == 1
     assert spec["train"]["progress"] is False and spec["train"]["width"] <= 8
-    assert {(p["arch"], p["method"]) for p in points} >= {("resnet18", "backprop"), ("revnet18", "backprop"),
-                                                           ("revnet18", "delayed"), ("revnet18", "dsp"),
-                                                           ("revnet18", "petra")}
+    assert {(p["arch"], p["method"]) for p in points} >= {
+        ("resnet18", "backprop"),
+        ("revnet18", "backprop"),
+        ("revnet18", "delayed"),
+        ("revnet18", "dsp"),
+        ("revnet18", "petra"),
+    }
     assert {p["k"] for p in points if p["method"] == "petra"} == {1, 2}
     assert any(sum(q == {**p, "seed": q["seed"]} for q in points) >= 2 for p in points), "two seeds for one run"
 
@@ -147,8 +201,11 @@ def test_dvc_params_are_generated_from_the_default_profile(monkeypatch):
     assert dvc_params.main(["--check"]) == 0, "params.yaml is stale: python workflow/scripts/dvc_params.py"
     data = dvc_params.params("smoke")
     smoke = grid.load_profile(PROFILES / "smoke.yaml")
-    assert data == {"profile": "smoke", "profile_file": "workflow/config/profiles/smoke.yaml",
-                    "train": {k: v for k, v in smoke["train"].items() if k not in grid.WATCH_KEYS}}
+    assert data == {
+        "profile": "smoke",
+        "profile_file": "workflow/config/profiles/smoke.yaml",
+        "train": {k: v for k, v in smoke["train"].items() if k not in grid.WATCH_KEYS},
+    }
     sys.modules.pop("dvc_params", None)
 
 
@@ -171,8 +228,11 @@ def test_summary_is_mean_std_n_over_seeds(fake):
     bp = s[s.method == "backprop"].iloc[0]
     assert bp.n == 2 and bp.top1_mean == 72.0 and math.isclose(bp.top1_std, pd.Series([71.25, 72.75]).std())
     assert s[s.method == "petra"].n.tolist() == [1, 1] and s[s.method == "petra"].top1_std.isna().all()
-    assert results.metrics_json(s)["cifar10"]["revnet18-w8"]["backprop-k1"] == {"top1_mean": 72.0, "n": 2,
-                                                                                 "top1_std": round(bp.top1_std, 4)}
+    assert results.metrics_json(s)["cifar10"]["revnet18-w8"]["backprop-k1"] == {
+        "top1_mean": 72.0,
+        "n": 2,
+        "top1_std": round(bp.top1_std, 4),
+    }
 
 
 def test_a_key_only_some_runs_set_keeps_every_run_in_the_summary(fake):
@@ -192,8 +252,10 @@ def test_results_written_and_read_back(fake):
 
 
 def test_missing_runs_are_an_error_unless_allowed(fake, tmp_path):
-    spec = {**FAKE_PROFILE, "grid": FAKE_PROFILE["grid"] + [{"arch": ["revnet18"], "method": ["dsp"], "k": [2],
-                                                              "seed": [0]}]}
+    spec = {
+        **FAKE_PROFILE,
+        "grid": FAKE_PROFILE["grid"] + [{"arch": ["revnet18"], "method": ["dsp"], "k": [2], "seed": [0]}],
+    }
     path = tmp_path / "more.yaml"
     path.write_text(yaml.safe_dump(spec))
     with pytest.raises(results.MissingRuns, match="1 of 5 runs"):
@@ -207,7 +269,9 @@ def test_tables_hold_our_values_beside_the_papers(fake, cost_tables, tmp_path):
     assert sorted(p.name for p in paths) == sorted(f"{n}.{f}" for n in tables.TABLES for f in ("md", "tex"))
     t2 = (tmp_path / "table2_accuracy.md").read_text()
     sd = pd.Series([71.25, 72.75]).std()
-    assert f"| Backprop | RevNet18 | 12.2M | 0.177M | 1 |" in t2 and f"72.00 ± {sd:.2f} (n = 2)" in t2 and "| 94.9 |" in t2
+    assert (
+        "| Backprop | RevNet18 | 12.2M | 0.177M | 1 |" in t2 and f"72.00 ± {sd:.2f} (n = 2)" in t2 and "| 94.9 |" in t2
+    )
     petra = next(line for line in t2.splitlines() if line.startswith("| PETRA"))
     assert "| 2 |" in petra and "58.00 (n = 1)" in petra, "k picked on training accuracy (k=2), not on test"
     assert "PETRA RevNet18: 1, 2" in t2
@@ -253,11 +317,14 @@ def test_k_is_picked_on_training_accuracy_over_shared_seeds():
 
 # --- training budgets ------------------------------------------------------------------------------
 BUDGET_PROFILE = {
-    "profile": "fakebudget", "run_name": "{method}-k{k}-seed{seed}-e{epochs}",
+    "profile": "fakebudget",
+    "run_name": "{method}-k{k}-seed{seed}-e{epochs}",
     "train": {"dataset": "cifar10", "data_source": "nowhere.tar.gz", "arch": "revnet18", "width": 8, "batch_size": 32},
-    "grid": [{"method": ["backprop", "petra", "delayed"], "k": 1, "seed": 0, "epochs": [2, 4, 8]},
-             {"method": "petra", "k": 4, "seed": 0, "epochs": 8},
-             {"method": ["backprop", "petra"], "k": 1, "seed": 1, "epochs": 8}],
+    "grid": [
+        {"method": ["backprop", "petra", "delayed"], "k": 1, "seed": 0, "epochs": [2, 4, 8]},
+        {"method": "petra", "k": 4, "seed": 0, "epochs": 8},
+        {"method": ["backprop", "petra"], "k": 1, "seed": 1, "epochs": 8},
+    ],
 }
 GAP = {2: -20.0, 4: -10.0, 8: -5.0}  # PETRA's gap halves at each doubling
 
@@ -266,13 +333,39 @@ def write_budget_run(run_dir, cfg):
     top1 = 70.0 + cfg["epochs"] + (0.5 * cfg["seed"] if cfg["method"] == "backprop" else 0.0)
     if cfg["method"] != "backprop":
         top1 += GAP[cfg["epochs"]] * (1.5 if cfg["method"] == "delayed" else 1.0) + (1.0 if cfg["k"] == 4 else 0.0)
-    history = [{"epoch": e, "train_loss": 1.0, "train_acc": top1 + 10, "test_loss": 1.0, "top1": top1, "top5": 99.0,
-                "lr": 0.1, "images_per_s": 1.0, "wall_time_s": 1.0, "eval_time_s": 0.1} for e in range(1, cfg["epochs"] + 1)]
-    metrics = {"top1": top1, "top5": 99.0, "test_loss": 1.0, "train_loss": 1.0, "train_acc": top1 + 10,
-               "best_top1": top1, "top1_last10_mean": top1, "epochs": cfg["epochs"],
-               "optimizer_steps": 250 * cfg["epochs"] // cfg["k"], "peak_kept_bytes": [0] * 10, "images_per_s": 1.0,
-               "wall_time_s": 1.0, "params": 177_274, "stages": 10, "stage_kinds": "S R R D R D R D R H",
-               "top1_bn_reestimated": top1 + (3.0 if cfg["method"] != "backprop" else 1.0)}
+    history = [
+        {
+            "epoch": e,
+            "train_loss": 1.0,
+            "train_acc": top1 + 10,
+            "test_loss": 1.0,
+            "top1": top1,
+            "top5": 99.0,
+            "lr": 0.1,
+            "images_per_s": 1.0,
+            "wall_time_s": 1.0,
+            "eval_time_s": 0.1,
+        }
+        for e in range(1, cfg["epochs"] + 1)
+    ]
+    metrics = {
+        "top1": top1,
+        "top5": 99.0,
+        "test_loss": 1.0,
+        "train_loss": 1.0,
+        "train_acc": top1 + 10,
+        "best_top1": top1,
+        "top1_last10_mean": top1,
+        "epochs": cfg["epochs"],
+        "optimizer_steps": 250 * cfg["epochs"] // cfg["k"],
+        "peak_kept_bytes": [0] * 10,
+        "images_per_s": 1.0,
+        "wall_time_s": 1.0,
+        "params": 177_274,
+        "stages": 10,
+        "stage_kinds": "S R R D R D R D R H",
+        "top1_bn_reestimated": top1 + (3.0 if cfg["method"] != "backprop" else 1.0),
+    }
     write_records(run_dir, cfg, metrics, history)
 
 
@@ -302,8 +395,9 @@ def test_a_gap_that_closed_inside_the_budgets_is_not_extrapolated():
     through it would predict a method beating backprop by ever more points at the paper's budget."""
     from petra_core.report.budget import trend, trend_curve
 
-    frame = pd.DataFrame({"method": "delayed", "k": 1, "minibatches": [1250, 2500, 5000, 10000],
-                          "gap_top1": [-13.0, -4.0, 0.5, 0.2]})
+    frame = pd.DataFrame(
+        {"method": "delayed", "k": 1, "minibatches": [1250, 2500, 5000, 10000], "gap_top1": [-13.0, -4.0, 0.5, 0.2]}
+    )
     fit = trend(frame, "delayed", 1, 234375)
     assert fit["kind"] == "closed" and fit["closed_at"] == 5000 and math.isnan(fit["predicted_gap"])
     assert not fit["monotonic"] and trend_curve(fit, [1e4, 1e5]) == []
@@ -318,8 +412,15 @@ def test_a_trend_says_how_far_the_seeds_spread_moves_it():
     from petra_core.report.budget import trend
 
     def fit(errs):
-        frame = pd.DataFrame({"method": "petra", "k": 1, "minibatches": [1250, 2500, 5000, 10000, 20000],
-                              "gap_top1": [-16.0, -12.0, -8.0, -3.0, -0.6], "gap_top1_err": errs})
+        frame = pd.DataFrame(
+            {
+                "method": "petra",
+                "k": 1,
+                "minibatches": [1250, 2500, 5000, 10000, 20000],
+                "gap_top1": [-16.0, -12.0, -8.0, -3.0, -0.6],
+                "gap_top1_err": errs,
+            }
+        )
         return trend(frame, "petra", 1, 234375)
 
     wide, narrow = fit([1.0, 1.0, 0.8, 0.5, 0.2]), fit([0.1, 0.1, 0.08, 0.05, 0.02])
@@ -328,8 +429,9 @@ def test_a_trend_says_how_far_the_seeds_spread_moves_it():
         assert lo < f["factor_per_doubling"] < hi
         lo, hi = f["uncertainty"]["predicted"]
         assert lo < f["predicted_gap"] < hi and f["uncertainty"]["assumed"] == 0
-    assert (wide["uncertainty"]["slope"][1] - wide["uncertainty"]["slope"][0]
-            > 3 * (narrow["uncertainty"]["slope"][1] - narrow["uncertainty"]["slope"][0]))
+    assert wide["uncertainty"]["slope"][1] - wide["uncertainty"]["slope"][0] > 3 * (
+        narrow["uncertainty"]["slope"][1] - narrow["uncertainty"]["slope"][0]
+    )
     partly = fit([float("nan"), float("nan"), float("nan"), float("nan"), 0.2])
     assert partly["uncertainty"]["assumed"] == 4  # they take the median known spread
     still = fit([0.0] * 5)["uncertainty"]
@@ -355,11 +457,14 @@ def test_budget_profiles_render_table_2_at_their_largest_budget(budget, cost_tab
 
 # --- several depths in one budget profile: RevNet18's 10 stages, RevNet34's 18 ---------------------
 DEPTH_PROFILE = {
-    "profile": "fakedepth", "run_name": "{method}-k{k}-seed{seed}-e{epochs}",
+    "profile": "fakedepth",
+    "run_name": "{method}-k{k}-seed{seed}-e{epochs}",
     "train": {"dataset": "cifar10", "data_source": "nowhere.tar.gz", "width": 8, "batch_size": 32},
-    "grid": [{"arch": "revnet18", "method": ["backprop", "petra"], "k": 1, "seed": 0, "epochs": [2, 4, 8]},
-             {"arch": "revnet34", "method": ["backprop", "petra"], "k": 1, "seed": [0, 1], "epochs": [2, 4]},
-             {"arch": "resnet34", "method": "backprop", "k": 1, "seed": 0, "epochs": 4}],
+    "grid": [
+        {"arch": "revnet18", "method": ["backprop", "petra"], "k": 1, "seed": 0, "epochs": [2, 4, 8]},
+        {"arch": "revnet34", "method": ["backprop", "petra"], "k": 1, "seed": [0, 1], "epochs": [2, 4]},
+        {"arch": "resnet34", "method": "backprop", "k": 1, "seed": 0, "epochs": 4},
+    ],
 }
 DEPTH_GAP = {"revnet18": {2: -20.0, 4: -10.0, 8: -5.0}, "revnet34": {2: -30.0, 4: -20.0}}
 STAGES = {"revnet18": "S R R D R D R D R H", "revnet34": "S " + "R " * 16 + "H", "resnet34": "S " + "B " * 16 + "H"}
@@ -370,14 +475,40 @@ def write_depth_run(run_dir, cfg):
     if cfg["method"] != "backprop":
         top1 += DEPTH_GAP[cfg["arch"]][cfg["epochs"]]
     kinds = STAGES[cfg["arch"]]
-    history = [{"epoch": e, "train_loss": 1.0, "train_acc": top1 + 10, "test_loss": 1.0, "top1": top1, "top5": 99.0,
-                "lr": 0.1, "images_per_s": 1.0, "wall_time_s": 1.0, "eval_time_s": 0.1} for e in range(1, cfg["epochs"] + 1)]
+    history = [
+        {
+            "epoch": e,
+            "train_loss": 1.0,
+            "train_acc": top1 + 10,
+            "test_loss": 1.0,
+            "top1": top1,
+            "top5": 99.0,
+            "lr": 0.1,
+            "images_per_s": 1.0,
+            "wall_time_s": 1.0,
+            "eval_time_s": 0.1,
+        }
+        for e in range(1, cfg["epochs"] + 1)
+    ]
     n = len(kinds.split())
-    metrics = {"top1": top1, "top5": 99.0, "test_loss": 1.0, "train_loss": 1.0, "train_acc": top1 + 10,
-               "best_top1": top1, "top1_last10_mean": top1, "epochs": cfg["epochs"],
-               "optimizer_steps": 250 * cfg["epochs"], "images_per_s": 1.0, "wall_time_s": 1.0, "params": 300_000,
-               "peak_kept_bytes": [(2_000_000 if cfg["method"] == "backprop" else 500_000)] * n, "stages": n,
-               "stage_kinds": kinds, "top1_bn_reestimated": top1}
+    metrics = {
+        "top1": top1,
+        "top5": 99.0,
+        "test_loss": 1.0,
+        "train_loss": 1.0,
+        "train_acc": top1 + 10,
+        "best_top1": top1,
+        "top1_last10_mean": top1,
+        "epochs": cfg["epochs"],
+        "optimizer_steps": 250 * cfg["epochs"],
+        "images_per_s": 1.0,
+        "wall_time_s": 1.0,
+        "params": 300_000,
+        "peak_kept_bytes": [(2_000_000 if cfg["method"] == "backprop" else 500_000)] * n,
+        "stages": n,
+        "stage_kinds": kinds,
+        "top1_bn_reestimated": top1,
+    }
     write_records(run_dir, cfg, metrics, history)
 
 
@@ -399,8 +530,13 @@ def test_a_budget_profile_of_several_depths_has_a_series_and_a_trend_per_depth(d
     deep = trend(frame, "petra", 1, 234375, arch="revnet34")
     assert deep["kind"] == "power" and deep["factor_per_doubling"] == pytest.approx(20 / 30)
     largest = at_largest_budget(depth["summary"]).set_index(["arch", "method"]).epochs
-    assert largest.to_dict() == {("revnet18", "backprop"): 8, ("revnet18", "petra"): 8, ("revnet34", "backprop"): 4,
-                                 ("revnet34", "petra"): 4, ("resnet34", "backprop"): 4}
+    assert largest.to_dict() == {
+        ("revnet18", "backprop"): 8,
+        ("revnet18", "petra"): 8,
+        ("revnet34", "backprop"): 4,
+        ("revnet34", "petra"): 4,
+        ("resnet34", "backprop"): 4,
+    }
     context = tables.budget_context(depth, "fakedepth")
     assert [(m["model"], m["num_stages"]) for m in context["models"]] == [("RevNet18", 10), ("RevNet34", 18)]
     out = tmp_path / "results"
@@ -427,23 +563,60 @@ def test_a_budget_profile_of_several_depths_has_a_series_and_a_trend_per_depth(d
 
 # --- replica rules (the cdp profile) -------------------------------------------------------------
 RULE_PROFILE = {
-    "profile": "fakecdp", "run_name": "{replica_rule}-seed{seed}",
-    "train": {"dataset": "cifar10", "data_source": "nowhere.tar.gz", "width": 8, "epochs": 2, "batch_size": 32,
-              "method": "backprop", "replicas": 4},
-    "grid": [{"arch": ["resnet18", "revnet18"], "replica_rule": "dp", "seed": [0, 1]},
-             {"arch": ["resnet18", "revnet18"], "replica_rule": ["cdp1", "cdp2"], "rule_stages": 4, "seed": [0, 1]}],
+    "profile": "fakecdp",
+    "run_name": "{replica_rule}-seed{seed}",
+    "train": {
+        "dataset": "cifar10",
+        "data_source": "nowhere.tar.gz",
+        "width": 8,
+        "epochs": 2,
+        "batch_size": 32,
+        "method": "backprop",
+        "replicas": 4,
+    },
+    "grid": [
+        {"arch": ["resnet18", "revnet18"], "replica_rule": "dp", "seed": [0, 1]},
+        {"arch": ["resnet18", "revnet18"], "replica_rule": ["cdp1", "cdp2"], "rule_stages": 4, "seed": [0, 1]},
+    ],
 }
 RULE_TOP1 = {"dp": 70.0, "cdp1": 68.0, "cdp2": 69.5}
 
 
 def write_rule_run(run_dir, cfg):
     top1 = RULE_TOP1[cfg["replica_rule"]] + cfg["seed"] + (1.0 if cfg["arch"] == "revnet18" else 0.0)
-    history = [{"epoch": e, "train_loss": 1.0 / e, "train_acc": 50.0, "test_loss": 1.0, "top1": top1 - 2 + e,
-                "top5": 99.0, "lr": 0.1, "images_per_s": 1.0, "wall_time_s": 1.0, "eval_time_s": 0.1} for e in (1, 2)]
-    metrics = {"top1": top1, "top5": 99.0, "test_loss": 1.0, "train_loss": 0.5, "train_acc": 50.0, "best_top1": top1,
-               "top1_last10_mean": top1, "epochs": 2, "optimizer_steps": 10, "peak_kept_bytes": [0] * 10,
-               "images_per_s": 1.0, "wall_time_s": 1.0, "params": 1, "stages": 10,
-               "stage_kinds": "S R R D R D R D R H", "top1_bn_reestimated": top1 + 0.5}
+    history = [
+        {
+            "epoch": e,
+            "train_loss": 1.0 / e,
+            "train_acc": 50.0,
+            "test_loss": 1.0,
+            "top1": top1 - 2 + e,
+            "top5": 99.0,
+            "lr": 0.1,
+            "images_per_s": 1.0,
+            "wall_time_s": 1.0,
+            "eval_time_s": 0.1,
+        }
+        for e in (1, 2)
+    ]
+    metrics = {
+        "top1": top1,
+        "top5": 99.0,
+        "test_loss": 1.0,
+        "train_loss": 0.5,
+        "train_acc": 50.0,
+        "best_top1": top1,
+        "top1_last10_mean": top1,
+        "epochs": 2,
+        "optimizer_steps": 10,
+        "peak_kept_bytes": [0] * 10,
+        "images_per_s": 1.0,
+        "wall_time_s": 1.0,
+        "params": 1,
+        "stages": 10,
+        "stage_kinds": "S R R D R D R D R H",
+        "top1_bn_reestimated": top1 + 0.5,
+    }
     write_records(run_dir, cfg, metrics, history)
 
 
@@ -466,7 +639,9 @@ def test_replica_rules_are_compared_with_dp_of_the_same_model(rules):
     from petra_core.report.tables import render
 
     md = render("replica_rules", "md", context)
-    assert "| ResNet18 | CDP1 (L = 4) | 68.50 ± 0.71 (n = 2) | -2.00 ± 1.00 | 69.00 ± 0.71 (n = 2) | -2.00 ± 1.00 |" in md
+    assert (
+        "| ResNet18 | CDP1 (L = 4) | 68.50 ± 0.71 (n = 2) | -2.00 ± 1.00 | 69.00 ± 0.71 (n = 2) | -2.00 ± 1.00 |" in md
+    )
     assert "| ResNet18 | DP | 70.50 ± 0.71 (n = 2) | – |" in md
     assert "\\begin{tabular}" in render("replica_rules", "tex", context)
     assert "have been gathered" in render("replica_rules", "md", rule_context({"summary": pd.DataFrame()}, "x"))
@@ -474,8 +649,7 @@ def test_replica_rules_are_compared_with_dp_of_the_same_model(rules):
     assert "varies no replica rule" in render("replica_rules", "md", rule_context({"summary": one_rule}, "x"))
 
 
-def test_the_replica_rule_table_reads_its_own_profile_whatever_the_report_renders(budget, rules, cost_tables,
-                                                                                   tmp_path):
+def test_the_replica_rule_table_reads_its_own_profile_whatever_the_report_renders(budget, rules, cost_tables, tmp_path):
     """A clone renders the budget profile; the replica-rule table and curves come from results/cdp."""
     budget_dir, rules_dir = tmp_path / "budget", tmp_path / "fakecdp"
     results.write({name: budget[name] for name in results.FRAMES}, budget_dir)
@@ -498,14 +672,29 @@ def test_replica_rule_curves_draw_one_line_per_rule(rules):
 
 # --- populations (the wash profile) ---------------------------------------------------------------
 POP_PROFILE = {
-    "profile": "fakewash", "run_name": "{replica_rule}-seed{seed}",
-    "train": {"dataset": "cifar10", "data_source": "nowhere.tar.gz", "width": 8, "epochs": 2, "batch_size": 32,
-              "method": "backprop", "replicas": 4},
-    "grid": [{"arch": "resnet18", "replica_rule": "independent", "seed": 0},
-             {"arch": "resnet18", "replica_rule": "papa", "seed": [0, 1]},
-             {"arch": "resnet18", "replica_rule": "wash", "rule_options": {"p": 0.01}, "seed": [0, 1]},
-             {"arch": "resnet18", "replica_rule": "wash", "rule_options": {"p": 0.05}, "seed": 0,
-              "run_name": "wash-p0.05-seed{seed}"}],
+    "profile": "fakewash",
+    "run_name": "{replica_rule}-seed{seed}",
+    "train": {
+        "dataset": "cifar10",
+        "data_source": "nowhere.tar.gz",
+        "width": 8,
+        "epochs": 2,
+        "batch_size": 32,
+        "method": "backprop",
+        "replicas": 4,
+    },
+    "grid": [
+        {"arch": "resnet18", "replica_rule": "independent", "seed": 0},
+        {"arch": "resnet18", "replica_rule": "papa", "seed": [0, 1]},
+        {"arch": "resnet18", "replica_rule": "wash", "rule_options": {"p": 0.01}, "seed": [0, 1]},
+        {
+            "arch": "resnet18",
+            "replica_rule": "wash",
+            "rule_options": {"p": 0.05},
+            "seed": 0,
+            "run_name": "wash-p0.05-seed{seed}",
+        },
+    ],
 }
 POP = {"independent": (70.0, 74.0, 20.0, 10.0), "papa": (71.0, 73.0, 72.0, 70.0), "wash": (71.5, 74.5, 73.5, 73.0)}
 FLOATS = {"independent": 0.0, "papa": 1000.0, "wash": 40.0}
@@ -515,16 +704,48 @@ def write_pop_run(run_dir, cfg):
     members, ensemble, average, average_raw = POP[cfg["replica_rule"]]
     p = (cfg.get("rule_options") or {}).get("p", 0.0)
     members += cfg["seed"] + 10 * p
-    history = [{"epoch": e, "train_loss": 1.0 / e, "train_acc": 50.0, "test_loss": 1.0, "top1": members, "top5": 99.0,
-                "lr": 0.1, "images_per_s": 1.0, "wall_time_s": 1.0, "eval_time_s": 0.1} for e in (1, 2)]
-    metrics = {"top1": members, "top5": 99.0, "test_loss": 1.0, "train_loss": 0.5, "train_acc": 50.0,
-               "best_top1": members, "top1_last10_mean": members, "epochs": 2, "optimizer_steps": 10,
-               "peak_kept_bytes": [0] * 10, "images_per_s": 1.0, "wall_time_s": 1.0, "params": 1, "stages": 10,
-               "stage_kinds": "S B B B B B B B B H", "top1_bn_reestimated": members,
-               "floats_sent_per_step": FLOATS[cfg["replica_rule"]] * (1 + 100 * p),
-               "population": {"replicas": 4, "members_top1": [members] * 4, "members_top1_mean": members,
-                              "ensemble_top1": ensemble, "average_top1": average_raw,
-                              "average_top1_bn_reestimated": average + cfg["seed"]}}
+    history = [
+        {
+            "epoch": e,
+            "train_loss": 1.0 / e,
+            "train_acc": 50.0,
+            "test_loss": 1.0,
+            "top1": members,
+            "top5": 99.0,
+            "lr": 0.1,
+            "images_per_s": 1.0,
+            "wall_time_s": 1.0,
+            "eval_time_s": 0.1,
+        }
+        for e in (1, 2)
+    ]
+    metrics = {
+        "top1": members,
+        "top5": 99.0,
+        "test_loss": 1.0,
+        "train_loss": 0.5,
+        "train_acc": 50.0,
+        "best_top1": members,
+        "top1_last10_mean": members,
+        "epochs": 2,
+        "optimizer_steps": 10,
+        "peak_kept_bytes": [0] * 10,
+        "images_per_s": 1.0,
+        "wall_time_s": 1.0,
+        "params": 1,
+        "stages": 10,
+        "stage_kinds": "S B B B B B B B B H",
+        "top1_bn_reestimated": members,
+        "floats_sent_per_step": FLOATS[cfg["replica_rule"]] * (1 + 100 * p),
+        "population": {
+            "replicas": 4,
+            "members_top1": [members] * 4,
+            "members_top1_mean": members,
+            "ensemble_top1": ensemble,
+            "average_top1": average_raw,
+            "average_top1_bn_reestimated": average + cfg["seed"],
+        },
+    }
     write_records(run_dir, cfg, metrics, history)
 
 
@@ -551,7 +772,7 @@ def test_populations_are_tabled_with_their_communication_against_papas(populatio
 
 
 def test_the_population_verdict_is_the_datas(populations):
-    """"Does the averaged WASH model reach the ensemble" is answered from the records: WASH's main
+    """ "Does the averaged WASH model reach the ensemble" is answered from the records: WASH's main
     setting (most seeds) against its own ensemble and the independent models', within the larger sd."""
     from petra_core.report.population import _reaches, population_context, population_frame, verdicts
     from petra_core.report.tables import render
@@ -569,26 +790,70 @@ def test_the_population_verdict_is_the_datas(populations):
 
 # --- ACCO and its baselines (the acco profile) -------------------------------------------------------
 ACCO_PROFILE = {
-    "profile": "fakeacco", "run_name": "{optimizer}-{replica_rule}-seed{seed}",
-    "train": {"dataset": "cifar10", "data_source": "nowhere.tar.gz", "arch": "resnet18", "width": 8, "epochs": 10,
-              "batch_size": 32, "k": 2, "method": "backprop", "replicas": 4, "eval_every": 1},
-    "grid": [{"optimizer": ["sgd", "adamw"], "replica_rule": ["zero1", "acco"], "seed": [0, 1]},
-             {"optimizer": "sgd", "replica_rule": "dpu", "rule_options": [{"warmup": 0}, {"warmup": 5}], "seed": [0, 1],
-              "run_name": "{optimizer}-dpu-w{rule_options[warmup]}-seed{seed}"}],
+    "profile": "fakeacco",
+    "run_name": "{optimizer}-{replica_rule}-seed{seed}",
+    "train": {
+        "dataset": "cifar10",
+        "data_source": "nowhere.tar.gz",
+        "arch": "resnet18",
+        "width": 8,
+        "epochs": 10,
+        "batch_size": 32,
+        "k": 2,
+        "method": "backprop",
+        "replicas": 4,
+        "eval_every": 1,
+    },
+    "grid": [
+        {"optimizer": ["sgd", "adamw"], "replica_rule": ["zero1", "acco"], "seed": [0, 1]},
+        {
+            "optimizer": "sgd",
+            "replica_rule": "dpu",
+            "rule_options": [{"warmup": 0}, {"warmup": 5}],
+            "seed": [0, 1],
+            "run_name": "{optimizer}-dpu-w{rule_options[warmup]}-seed{seed}",
+        },
+    ],
 }
 ACCO_LOSS = {"zero1": 1.0, "acco": 1.02, "dpu": 1.5}  # the loss at epoch 1; dpu w5 lags less
 
 
 def write_acco_run(run_dir, cfg):
     base = ACCO_LOSS[cfg["replica_rule"]] - (0.3 if (cfg.get("rule_options") or {}).get("warmup") else 0.0)
-    history = [{"epoch": e, "train_loss": base / e + 0.01 * cfg["seed"], "train_acc": 50.0, "test_loss": 1.0,
-                "top1": 50.0 + 3 * e - 10 * base + cfg["seed"], "top5": 99.0, "lr": 0.1, "images_per_s": 1.0,
-                "wall_time_s": 1.0, "eval_time_s": 0.1} for e in range(1, 11)]
+    history = [
+        {
+            "epoch": e,
+            "train_loss": base / e + 0.01 * cfg["seed"],
+            "train_acc": 50.0,
+            "test_loss": 1.0,
+            "top1": 50.0 + 3 * e - 10 * base + cfg["seed"],
+            "top5": 99.0,
+            "lr": 0.1,
+            "images_per_s": 1.0,
+            "wall_time_s": 1.0,
+            "eval_time_s": 0.1,
+        }
+        for e in range(1, 11)
+    ]
     last = history[-1]
-    metrics = {"top1": last["top1"], "top5": 99.0, "test_loss": 1.0, "train_loss": last["train_loss"], "train_acc": 50.0,
-               "best_top1": last["top1"], "top1_last10_mean": last["top1"], "epochs": 10, "optimizer_steps": 620,
-               "peak_kept_bytes": [0] * 10, "images_per_s": 1.0, "wall_time_s": 1.0, "params": 1, "stages": 10,
-               "stage_kinds": "S B B B B B B B B H", "floats_sent_per_step": 10.0}
+    metrics = {
+        "top1": last["top1"],
+        "top5": 99.0,
+        "test_loss": 1.0,
+        "train_loss": last["train_loss"],
+        "train_acc": 50.0,
+        "best_top1": last["top1"],
+        "top1_last10_mean": last["top1"],
+        "epochs": 10,
+        "optimizer_steps": 620,
+        "peak_kept_bytes": [0] * 10,
+        "images_per_s": 1.0,
+        "wall_time_s": 1.0,
+        "params": 1,
+        "stages": 10,
+        "stage_kinds": "S B B B B B B B B H",
+        "floats_sent_per_step": 10.0,
+    }
     write_records(run_dir, cfg, metrics, history)
 
 
@@ -645,7 +910,10 @@ def test_the_acco_verdict_is_the_datas(acco_runs):
     md = render("acco", "md", acco_context(acco_runs, "fakeacco"))
     assert "- **ResNet18, SGD (Nesterov).** ACCO against DDP:" in md, md
     assert "DPU, no warm-up: early train loss +0.500 ± 0.010 against DDP (lags)" in md, md
-    assert md.count("The claim holds.") == 1 and "The claim cannot be judged: there is no DPU without warm-up to compare." in md
+    assert (
+        md.count("The claim holds.") == 1
+        and "The claim cannot be judged: there is no DPU without warm-up to compare." in md
+    )
 
 
 def test_the_readmes_benchmarks_are_rendered_from_benchmark_records(tmp_path, monkeypatch):
@@ -666,26 +934,51 @@ def test_the_readmes_benchmarks_are_rendered_from_benchmark_records(tmp_path, mo
     monkeypatch.setattr(sys, "argv", ["benchmarks/bench_speed.py", "--width", "4", "--steps", "1", "--blocks", "1"])
     bench_speed.main(["--width", "4", "--batch", "8", "--steps", "1", "--blocks", "1", "--record"])
     for name, result in {
-        "bench_methods": {"arch": "revnet18", "width": 64, "batch": 64, "threads": 2, "channels_last": True, "steps": 8,
-                          "ideal_flop_ratio": {"backprop": 1.0, "petra": 4 / 3},
-                          "methods": {"backprop": {"s_per_batch": 1.5, "peak_rss_MiB": 1800.0, "time_vs_backprop": 1.0,
-                                                   "rss_vs_backprop": 1.0},
-                                      "petra": {"s_per_batch": 2.0, "peak_rss_MiB": 2700.0, "time_vs_backprop": 1.38,
-                                                "rss_vs_backprop": 1.5}}},
-        "bench_dp": {"method": "backprop", "width": 32, "batch": 64, "replicas": 2, "dp_images_per_s": 180.0,
-                     "one_thread_images_per_s": 100.0, "two_threads_images_per_s": 170.0, "vs_one_thread": 1.8,
-                     "vs_two_threads": 1.06}}.items():
+        "bench_methods": {
+            "arch": "revnet18",
+            "width": 64,
+            "batch": 64,
+            "threads": 2,
+            "channels_last": True,
+            "steps": 8,
+            "ideal_flop_ratio": {"backprop": 1.0, "petra": 4 / 3},
+            "methods": {
+                "backprop": {
+                    "s_per_batch": 1.5,
+                    "peak_rss_MiB": 1800.0,
+                    "time_vs_backprop": 1.0,
+                    "rss_vs_backprop": 1.0,
+                },
+                "petra": {"s_per_batch": 2.0, "peak_rss_MiB": 2700.0, "time_vs_backprop": 1.38, "rss_vs_backprop": 1.5},
+            },
+        },
+        "bench_dp": {
+            "method": "backprop",
+            "width": 32,
+            "batch": 64,
+            "replicas": 2,
+            "dp_images_per_s": 180.0,
+            "one_thread_images_per_s": 100.0,
+            "two_threads_images_per_s": 170.0,
+            "vs_one_thread": 1.8,
+            "vs_two_threads": 1.06,
+        },
+    }.items():
         Recorder(name, "fake").write(result)
     records = load(tmp_path / "results" / "benchmarks")
     assert set(records) == {"bench_speed-revnet18-w4-t1-cl", "bench_methods-fake", "bench_dp-fake"}
     assert records["bench_speed-revnet18-w4-t1-cl"]["command"].startswith("python benchmarks/bench_speed.py")
     block = render_benchmarks(tmp_path / "results")
     assert "× a plain PyTorch loop" in block and "× our backprop (ideal FLOP ratio 1.33)" in block
-    assert "petra 1.38 (ideal 1.33)" in block and "petra 1.50" in block and "threads, channels-last, one process" in block
+    assert (
+        "petra 1.38 (ideal 1.33)" in block and "petra 1.50" in block and "threads, channels-last, one process" in block
+    )
     assert "1.80 × the images/s of one process with 1 thread" in block
     record = tmp_path / "results" / "benchmarks" / "bench_dp-fake.json"
-    for other, says in [(0.02, "other processes used 0.02 cores meanwhile)"),
-                        (1.9, "other processes used 1.90 cores meanwhile: **a busy machine**")]:
+    for other, says in [
+        (0.02, "other processes used 0.02 cores meanwhile)"),
+        (1.9, "other processes used 1.90 cores meanwhile: **a busy machine**"),
+    ]:
         rec = json.loads(record.read_text())
         rec["other_cpu_cores"] = other
         record.write_text(json.dumps(rec))
@@ -720,7 +1013,8 @@ def test_the_readmes_results_are_what_the_committed_records_give():
 
     root = Path(__file__).resolve().parents[1]
     assert is_current(root / "README.md", root / "results"), (
-        "README.md's results block is stale: run `petra readme`\n" + render_block(root / "results"))
+        "README.md's results block is stale: run `petra readme`\n" + render_block(root / "results")
+    )
     block = render_block(root / "results")
     assert "PETRA (k = 1) minus" in block and "Table 3" in block
 

@@ -1,5 +1,6 @@
 """``petra revision --check`` (petra_core/workflow/revision.py): the grid trains only at a revision a
 record can name: committed, and in main's history."""
+
 import subprocess
 
 import pytest
@@ -8,8 +9,9 @@ from petra_core.workflow.revision import RevisionError, check_revision
 
 
 def git(*args, cwd):
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True
+    )
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ survive a resume, run files are readable by the group, errors say what to type.
 
 (Rank failures named by every survivor: tests/test_distributed_train.py.)
 """
+
 import json
 import math
 import os
@@ -11,20 +12,20 @@ import stat
 
 import pandas as pd
 import pytest
-
-from petra_core.run import runio
-from petra_core.cli import main
-from petra_core.run.config import ConfigError, RunConfig
-from petra_core.data import DataError, prepare
-from petra_core.run.trainer import Diverged, Interrupted, train
-
 from conftest import argv, tiny_run
+
+from petra_core.cli import main
+from petra_core.data import DataError, prepare
+from petra_core.run import runio
+from petra_core.run.config import ConfigError, RunConfig
+from petra_core.run.trainer import Diverged, Interrupted, train
 
 RUN_4X16 = tiny_run(synthetic_train=64, synthetic_test=32, batch_size=16)  # 4 minibatches of 16 an epoch
 
 
 def strict(path):
     """The JSON file, parsed as strict JSON (a bare NaN or Infinity is an error)."""
+
     def refuse(name):
         raise ValueError(f"{path} holds {name}")
 
@@ -65,8 +66,12 @@ def test_a_non_finite_test_loss_stops_the_run_and_is_recorded_as_null(tmp_path, 
 def test_json_is_strict(tmp_path):
     runio.write_json(tmp_path / "m.json", {"a": float("nan"), "b": [1.5, float("inf")], "c": {"d": -math.inf}})
     data = strict(tmp_path / "m.json")
-    assert data == {"a": None, "b": [1.5, None], "c": {"d": None, "non_finite": {"d": "-inf"}},
-                    "non_finite": {"a": "nan"}}
+    assert data == {
+        "a": None,
+        "b": [1.5, None],
+        "c": {"d": None, "non_finite": {"d": "-inf"}},
+        "non_finite": {"a": "nan"},
+    }
 
 
 @pytest.mark.parametrize("tick", [5, 6, 13])  # inside a group of k=2, at its end, in the second epoch
@@ -112,6 +117,7 @@ def interrupt_at(ticks):
     def on_tick(tick):
         if tick in ticks:
             os.kill(os.getpid(), signal.SIGINT)
+
     return on_tick
 
 

@@ -1,4 +1,5 @@
 """The delay schedule against its closed form (docs/architecture.md, "Delay schedule")."""
+
 import pytest
 
 from petra_core.engine.schedule import Schedule

@@ -1,4 +1,5 @@
 """Activations as a tensor or a pair of streams (petra_core/models/streams.py)."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """End-to-end runs: learning, exact resume after a signal, determinism, and clear failures."""
+
 import json
 import os
 import signal
@@ -6,13 +7,12 @@ import tarfile
 
 import pytest
 import torch
+from conftest import argv, tiny_run, untimed
 
-from petra_core.run import runio
 from petra_core.cli import main
+from petra_core.run import runio
 from petra_core.run.config import RunConfig
 from petra_core.run.trainer import Interrupted, train
-
-from conftest import argv, tiny_run, untimed
 
 # 8 minibatches of 32 an epoch; the learning rate warms up over the first
 RUN_8X32 = tiny_run(synthetic_train=256, synthetic_test=128, batch_size=32, base_lr=0.1, warmup_epochs=1.0)
@@ -35,8 +35,16 @@ def test_petra_learns_the_synthetic_task(tmp_path):
     assert {"config.yaml", "env.json", "history.json", "metrics.json", "checkpoint.pt"} <= files
     history = json.loads((tmp_path / "run" / "history.json").read_text())
     assert [h["epoch"] for h in history] == [1, 2, 3, 4]
-    assert set(history[0]) >= {"train_loss", "train_acc", "test_loss", "top1", "top5", "lr", "images_per_s",
-                               "wall_time_s"}
+    assert set(history[0]) >= {
+        "train_loss",
+        "train_acc",
+        "test_loss",
+        "top1",
+        "top5",
+        "lr",
+        "images_per_s",
+        "wall_time_s",
+    }
     env = json.loads((tmp_path / "run" / "env.json").read_text())
     assert env["torch"] == torch.__version__ and env["device"] == "cpu" and env["torch_threads"] == 1
 
@@ -81,8 +89,7 @@ def test_finished_run_is_not_retrained(tmp_path):
 def test_diverged_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
     run = tmp_path / "run"
     # learning rate multiplied by 1e30 after epoch 1: the loss blows up during epoch 2
-    code = main(["train", *argv(RUN_8X32), "method=backprop", "milestones=[1]", "gamma=1e30",
-                 "--run-dir", str(run)])
+    code = main(["train", *argv(RUN_8X32), "method=backprop", "milestones=[1]", "gamma=1e30", "--run-dir", str(run)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 3
     assert err[-1].startswith("petra: error: training loss is") and "(epoch 2," in err[-1]
@@ -107,8 +114,9 @@ def run_cli(capsys, *args):
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, needle):
     run = tmp_path / "run"
-    code, err = run_cli(capsys, "train", "progress=false", f"data_dir={tmp_path / 'prepared'}", *args,
-                        "--run-dir", str(run))
+    code, err = run_cli(
+        capsys, "train", "progress=false", f"data_dir={tmp_path / 'prepared'}", *args, "--run-dir", str(run)
+    )
     assert code == 2 and len(err) == 1 and err[0].startswith("petra: error:") and needle in err[0], err
     assert not run.exists()
 
@@ -128,8 +136,16 @@ def test_corrupt_archive_and_checksum_mismatch(tmp_path, capsys):
     truncated = tmp_path / "truncated.tar.gz"
     truncated.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
     prepared = tmp_path / "prepared"
-    code, err = run_cli(capsys, "train", "dataset=cifar10", f"data_source={truncated}", f"data_dir={prepared}",
-                        "progress=false", "--run-dir", str(tmp_path / "run"))
+    code, err = run_cli(
+        capsys,
+        "train",
+        "dataset=cifar10",
+        f"data_source={truncated}",
+        f"data_dir={prepared}",
+        "progress=false",
+        "--run-dir",
+        str(tmp_path / "run"),
+    )
     assert code == 2 and len(err) == 1 and "truncated.tar.gz" in err[0], err
     assert not (prepared / "cifar10").exists() and not (tmp_path / "run").exists()
 
@@ -139,8 +155,9 @@ def test_corrupt_archive_and_checksum_mismatch(tmp_path, capsys):
     data = bytearray(labels.read_bytes())
     data[-1] ^= 1
     labels.write_bytes(bytes(data))
-    code, err = run_cli(capsys, "train", "dataset=cifar10", f"data_dir={prepared}", "progress=false",
-                        "--run-dir", str(tmp_path / "run"))
+    code, err = run_cli(
+        capsys, "train", "dataset=cifar10", f"data_dir={prepared}", "progress=false", "--run-dir", str(tmp_path / "run")
+    )
     assert code == 2 and len(err) == 1 and "train_labels.npy" in err[0] and "checksum" in err[0], err
     assert not (tmp_path / "run").exists()
 

@@ -1,15 +1,15 @@
 """``petra verify`` (petra_core/run/verify.py): a record retrained at the current code, compared epoch
 by epoch, with the judgement whether bit identity was to be expected."""
+
 import json
 
 import pytest
+from conftest import tiny_run
 
 from petra_core.cli import main
 from petra_core.run.config import RunConfig
 from petra_core.run.trainer import train
 from petra_core.run.verify import differences, expectations
-
-from conftest import tiny_run
 
 RUN = tiny_run(synthetic_train=96, synthetic_test=32, batch_size=16, bn_reestimate_batches=0)
 
@@ -50,15 +50,30 @@ def test_bad_arguments_are_one_line(record, tmp_path, capsys):
 
 
 def test_what_decides_bit_identity_is_compared_field_by_field():
-    here = {"git_revision": "abc", "torch": "2.1", "cpu_capability": "AVX512", "cpu_model": "EPYC",
-            "torch_threads": 2, "device": "cpu"}
-    rows = {r["key"]: r["same"] for r in expectations({**here, "torch_threads": 1, "git_revision": "abc-dirty",
-                                                       "cpu_model": None}, here)}
-    assert rows == {"git_revision": False, "torch": True, "cpu_capability": True, "cpu_model": None,
-                    "torch_threads": False, "device": True}
+    here = {
+        "git_revision": "abc",
+        "torch": "2.1",
+        "cpu_capability": "AVX512",
+        "cpu_model": "EPYC",
+        "torch_threads": 2,
+        "device": "cpu",
+    }
+    rows = {
+        r["key"]: r["same"]
+        for r in expectations({**here, "torch_threads": 1, "git_revision": "abc-dirty", "cpu_model": None}, here)
+    }
+    assert rows == {
+        "git_revision": False,
+        "torch": True,
+        "cpu_capability": True,
+        "cpu_model": None,
+        "torch_threads": False,
+        "device": True,
+    }
     cuda = {r["key"] for r in expectations({**here, "device": "cuda", "gpus": ["H200"]}, {**here, "device": "cuda"})}
     assert {"gpus", "cuda", "cudnn"} <= cuda
     a = [{"epoch": 1, "top1": 50.0, "wall_time_s": 3.0}]
     assert differences(a, [{"epoch": 1, "top1": 50.0, "wall_time_s": 9.0}], 1) == []
     assert differences(a, [{"epoch": 1, "top1": 49.5, "wall_time_s": 3.0}], 1) == [
-        {"epoch": 1, "key": "top1", "record": 50.0, "here": 49.5, "difference": -0.5}]
+        {"epoch": 1, "key": "top1", "record": 50.0, "here": 49.5, "difference": -0.5}
+    ]

@@ -10,6 +10,7 @@
 Slow (about 3 minutes on 2 cores). The clone is of the committed HEAD of this repository (or of
 $PETRA_TEST_REPO); a test is skipped while what it needs is not committed yet.
 """
+
 import json
 import os
 import re
@@ -41,8 +42,11 @@ def clone(tmp_path) -> Path:
     source = os.environ.get("PETRA_TEST_REPO", str(ROOT))
     repo = tmp_path / "petra"
     sh(["git", "clone", "-q", source, str(repo)], cwd=tmp_path)
-    missing = [p for p in ("Snakefile", "dvc.yaml", "params.yaml", "workflow/rules/common.smk", "results/costs/costs.json")
-               if not (repo / p).exists()]
+    missing = [
+        p
+        for p in ("Snakefile", "dvc.yaml", "params.yaml", "workflow/rules/common.smk", "results/costs/costs.json")
+        if not (repo / p).exists()
+    ]
     if missing:
         pytest.skip(f"not committed yet in {source}: {', '.join(missing)}")
     return repo
@@ -104,8 +108,11 @@ def test_fresh_clone_renders_tables_and_figures_from_cached_runs(tmp_path):
     table2 = (repo / "paper_tables/table2_accuracy.md").read_text()
     assert f"profile `{profile}`" in table2
     longest = max(r.config.epochs for r in runs)
-    bp = [json.loads((repo / r.directory / "metrics.json").read_text())["top1"] for r in runs
-          if r.config.arch == "revnet18" and r.config.method == "backprop" and r.config.epochs == longest]
+    bp = [
+        json.loads((repo / r.directory / "metrics.json").read_text())["top1"]
+        for r in runs
+        if r.config.arch == "revnet18" and r.config.method == "backprop" and r.config.epochs == longest
+    ]
     assert f"{sum(bp) / len(bp):.2f}" in row(table2, "Backprop", "RevNet18")
     assert not (repo / "logs" / profile / "train").exists(), "nothing was trained"
 
@@ -136,14 +143,19 @@ def test_smoke_profile_end_to_end_then_dvc_reproduces_it(tmp_path):
     assert "profile `smoke`" in table2
 
     def top1(model, method, k=None):
-        values = [m["top1"] for d, m in runs.items()
-                  if d.parent.name.startswith(model) and d.name.startswith(f"{method}-k{k or ''}")]
+        values = [
+            m["top1"]
+            for d, m in runs.items()
+            if d.parent.name.startswith(model) and d.name.startswith(f"{method}-k{k or ''}")
+        ]
         return sum(values) / len(values), len(values)
 
-    for model, label, method, text in (("resnet18", "ResNet18", "backprop", "Backprop"),
-                                       ("revnet18", "RevNet18", "backprop", "Backprop"),
-                                       ("revnet18", "RevNet18", "delayed", "Delayed (weight stash)"),
-                                       ("revnet18", "RevNet18", "dsp", "DSP (input buffers)")):
+    for model, label, method, text in (
+        ("resnet18", "ResNet18", "backprop", "Backprop"),
+        ("revnet18", "RevNet18", "backprop", "Backprop"),
+        ("revnet18", "RevNet18", "delayed", "Delayed (weight stash)"),
+        ("revnet18", "RevNet18", "dsp", "DSP (input buffers)"),
+    ):
         mean, n = top1(model, method)
         assert f"{mean:.2f}" in row(table2, text, label) and f"(n = {n})" in row(table2, text, label)
     petra = row(table2, "PETRA", "RevNet18")

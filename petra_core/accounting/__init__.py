@@ -3,7 +3,8 @@
 Observes the engine, never steers it. Every function returns tidy data (lists of dicts or pandas
 DataFrames) for the report layer; see docs/accounting.md for the conventions.
 """
-from .fidelity import FidelityTracker, true_gradient, track_fidelity
+
+from .fidelity import FidelityTracker, track_fidelity, true_gradient
 from .held import AllocationMeter, held_by_policy, held_by_stage, held_total
 from .memory import measure_steady_state, predict_steady_state
 from .recorder import Recorder
@@ -12,7 +13,25 @@ from .stage_costs import measure_stage_costs
 from .table1 import network_costs, per_stage, representative_stage, resnet_messages, run_method, table1
 from .table3 import memory_components, table3
 
-__all__ = ["AllocationMeter", "FidelityTracker", "Recorder", "held_by_policy",
-           "held_by_stage", "held_total", "measure_stage_costs", "measure_steady_state", "memory_components",
-           "network_costs", "per_stage", "predict_steady_state", "representative_stage", "resnet_messages",
-           "run_method", "stage_shapes", "table1", "table3", "track_fidelity", "true_gradient"]
+__all__ = [
+    "AllocationMeter",
+    "FidelityTracker",
+    "Recorder",
+    "held_by_policy",
+    "held_by_stage",
+    "held_total",
+    "measure_stage_costs",
+    "measure_steady_state",
+    "memory_components",
+    "network_costs",
+    "per_stage",
+    "predict_steady_state",
+    "representative_stage",
+    "resnet_messages",
+    "run_method",
+    "stage_shapes",
+    "table1",
+    "table3",
+    "track_fidelity",
+    "true_gradient",
+]

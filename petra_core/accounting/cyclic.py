@@ -14,6 +14,7 @@ the schedule alone, how many (replica, stage) cells are ever active at once on e
 never active together can share a device. :func:`check_assignment` verifies such an assignment
 against the cells a run really activates, tick by tick.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -31,7 +32,7 @@ class CountingGroup:
 
     overlaps = False
 
-    def __init__(self, inner, world: "CountingWorld"):
+    def __init__(self, inner, world: CountingWorld):
         self.inner, self.world = inner, world
         self.size, self.local = inner.size, inner.local
 
@@ -75,16 +76,26 @@ class ActiveCells(Observer):
             self.given[self.pipe.tick] += sum(p.numel() * p.element_size() for p in worker.params)
 
 
-def cyclic_profile(model, method: str, rule, *, replicas: int, offset: int, batches, batch_size: int,
-                   recipe=None) -> tuple[pd.DataFrame, set]:
+def cyclic_profile(
+    model, method: str, rule, *, replicas: int, offset: int, batches, batch_size: int, recipe=None
+) -> tuple[pd.DataFrame, set]:
     """Per tick: activation bytes held by all copies, gradient bytes exchanged, active cells; and
     the set of active (tick, replica, stage) cells. ``batches``: the stream (replicas × steps)."""
     from ..optim import Recipe
 
     world = CountingWorld(replicas)
-    sim = Simulator(model, method, num_batches=len(batches) // replicas, get_batch=batches.__getitem__,
-                    batch_size=batch_size, recipe=recipe or Recipe(), replicas=replicas, rule=rule, offset=offset,
-                    world=world)
+    sim = Simulator(
+        model,
+        method,
+        num_batches=len(batches) // replicas,
+        get_batch=batches.__getitem__,
+        batch_size=batch_size,
+        recipe=recipe or Recipe(),
+        replicas=replicas,
+        rule=rule,
+        offset=offset,
+        world=world,
+    )
     active = ActiveCells(sim)
     sim.observers.append(active)
     rows = []
@@ -92,9 +103,15 @@ def cyclic_profile(model, method: str, rule, *, replicas: int, offset: int, batc
         tick = sim.tick
         sim.advance()
         held = sum(sum(w.storage.kept_bytes().values()) for rep in sim.replicas for w in rep.workers)
-        rows.append({"tick": tick, "activation_bytes": held, "grad_bytes": active.given.get(tick, 0),
-                     "allreduce_bytes": world.exchanged.get(tick, 0),
-                     "active_cells": active.per_tick.get(tick, 0)})
+        rows.append(
+            {
+                "tick": tick,
+                "activation_bytes": held,
+                "grad_bytes": active.given.get(tick, 0),
+                "allreduce_bytes": world.exchanged.get(tick, 0),
+                "active_cells": active.per_tick.get(tick, 0),
+            }
+        )
     return pd.DataFrame(rows), active.cells
 
 
@@ -112,9 +129,14 @@ def steady_window(schedule: Schedule, replicas: int, offset: int) -> range:
 def summarize(frame: pd.DataFrame, window: range) -> dict:
     """Peak and mean, over ``window``, of the activation and gradient bytes per tick."""
     w = frame[frame.tick.isin(list(window))]
-    return {"activation_peak": int(w.activation_bytes.max()), "activation_mean": float(w.activation_bytes.mean()),
-            "grad_peak": int(w.grad_bytes.max()), "grad_mean": float(w.grad_bytes.mean()),
-            "grad_slots_busy": int((w.grad_bytes > 0).sum()), "slots": len(w)}
+    return {
+        "activation_peak": int(w.activation_bytes.max()),
+        "activation_mean": float(w.activation_bytes.mean()),
+        "grad_peak": int(w.grad_bytes.max()),
+        "grad_mean": float(w.grad_bytes.mean()),
+        "grad_slots_busy": int((w.grad_bytes > 0).sum()),
+        "slots": len(w),
+    }
 
 
 def devices_needed(schedule: Schedule, replicas: int, offset: int) -> dict:
@@ -126,8 +148,11 @@ def devices_needed(schedule: Schedule, replicas: int, offset: int) -> dict:
     together: dict[int, list[list[int]]] = {j: [] for j in range(J)}
     for t in range(ticks):
         for j in range(J):
-            running = [r for r in range(replicas) if 0 <= t - offset * r < schedule.num_ticks
-                       and schedule.action(t - offset * r, j).busy]
+            running = [
+                r
+                for r in range(replicas)
+                if 0 <= t - offset * r < schedule.num_ticks and schedule.action(t - offset * r, j).busy
+            ]
             if running:
                 together[j].append(running)
     per_stage = [max((len(g) for g in together[j]), default=0) for j in range(J)]
@@ -156,14 +181,25 @@ def check_assignment(cells: set, assignment: dict) -> list[tuple[int, int]]:
 
 
 # ---- the measurement the report renders (``petra cyclic``) -------------------------------------------
-DEFAULTS = {"archs": ["resnet18", "revnet18"], "width": 8, "batch": 16, "image_size": 32, "replicas": 4,
-            "groups": 4, "steps": 4, "seed": 0}
+DEFAULTS = {
+    "archs": ["resnet18", "revnet18"],
+    "width": 8,
+    "batch": 16,
+    "image_size": 32,
+    "replicas": 4,
+    "groups": 4,
+    "steps": 4,
+    "seed": 0,
+}
 
 
 def variants(schedule: Schedule, replicas: int) -> list[tuple[str, str, int]]:
     """(label, rule, offset): DP in lockstep, CDP2 one slot apart, CDP2 spread evenly over a step."""
-    return [("DP", "dp", 0), ("CDP2, offset 1", "cdp2", 1),
-            (f"CDP2, offset {uniform_offset(schedule, replicas)}", "cdp2", uniform_offset(schedule, replicas))]
+    return [
+        ("DP", "dp", 0),
+        ("CDP2, offset 1", "cdp2", 1),
+        (f"CDP2, offset {uniform_offset(schedule, replicas)}", "cdp2", uniform_offset(schedule, replicas)),
+    ]
 
 
 def measure(settings: dict | None = None) -> dict[str, pd.DataFrame | dict]:
@@ -180,37 +216,71 @@ def measure(settings: dict | None = None) -> dict[str, pd.DataFrame | dict]:
     for arch in cfg["archs"]:
         g = torch.Generator().manual_seed(cfg["seed"])
         size = cfg["image_size"]
-        batches = [(torch.randn(cfg["batch"], 3, size, size, generator=g), torch.randint(0, 10, (cfg["batch"],), generator=g))
-                   for _ in range(R * cfg["steps"])]
+        batches = [
+            (torch.randn(cfg["batch"], 3, size, size, generator=g), torch.randint(0, 10, (cfg["batch"],), generator=g))
+            for _ in range(R * cfg["steps"])
+        ]
         torch.manual_seed(cfg["seed"])
         J = len(build_model(arch, num_classes=10, width=cfg["width"]))
         schedule = Schedule("sequential", J, cfg["steps"])
         for label, rule, offset in variants(schedule, R):
             torch.manual_seed(cfg["seed"])
             model = build_model(arch, num_classes=10, width=cfg["width"])
-            frame, cells = cyclic_profile(model, "backprop", get_rule(rule, stages=None if rule == "dp" else cfg["groups"]),
-                                          replicas=R, offset=offset, batches=batches, batch_size=cfg["batch"])
+            frame, cells = cyclic_profile(
+                model,
+                "backprop",
+                get_rule(rule, stages=None if rule == "dp" else cfg["groups"]),
+                replicas=R,
+                offset=offset,
+                batches=batches,
+                batch_size=cfg["batch"],
+            )
             window = steady_window(schedule, R, offset)
             devices = devices_needed(schedule, R, offset)
             clashes = check_assignment(cells, devices["assignment"])
             if clashes:
-                raise RuntimeError(f"{arch} {label}: the device assignment puts two cells on one device at {clashes[:3]}")
-            frame = frame.assign(arch=arch, variant=label, rule=rule, offset=offset,
-                                 slot=frame.tick - window.start, in_window=frame.tick.isin(list(window)))
+                raise RuntimeError(
+                    f"{arch} {label}: the device assignment puts two cells on one device at {clashes[:3]}"
+                )
+            frame = frame.assign(
+                arch=arch,
+                variant=label,
+                rule=rule,
+                offset=offset,
+                slot=frame.tick - window.start,
+                in_window=frame.tick.isin(list(window)),
+            )
             profiles.append(frame)
             s = summarize(frame, window)
-            rows.append({"arch": arch, "variant": label, "rule": rule, "offset": offset, "replicas": R, "stages": J,
-                         **s, "activation_peak_to_mean": s["activation_peak"] / s["activation_mean"],
-                         "grad_peak_to_mean": s["grad_peak"] / s["grad_mean"] if s["grad_mean"] else float("nan"),
-                         "devices": devices["total"], "devices_dp": devices["dp_total"],
-                         "devices_per_stage": " ".join(map(str, devices["per_stage"]))})
+            rows.append(
+                {
+                    "arch": arch,
+                    "variant": label,
+                    "rule": rule,
+                    "offset": offset,
+                    "replicas": R,
+                    "stages": J,
+                    **s,
+                    "activation_peak_to_mean": s["activation_peak"] / s["activation_mean"],
+                    "grad_peak_to_mean": s["grad_peak"] / s["grad_mean"] if s["grad_mean"] else float("nan"),
+                    "devices": devices["total"],
+                    "devices_dp": devices["dp_total"],
+                    "devices_per_stage": " ".join(map(str, devices["per_stage"])),
+                }
+            )
     summary = pd.DataFrame(rows)
-    for arch, g in summary.groupby("arch"):
+    for _arch, g in summary.groupby("arch"):
         dp = g[g.rule == "dp"].iloc[0]
         summary.loc[g.index, "activation_peak_vs_dp"] = g.activation_peak / dp.activation_peak
-    return {"profile": pd.concat(profiles, ignore_index=True), "summary": summary,
-            "info": {"settings": cfg, "slot": "one tick: one stage's forward or backward (the head does both)",
-                     "window": "one step once every replica runs"}}
+    return {
+        "profile": pd.concat(profiles, ignore_index=True),
+        "summary": summary,
+        "info": {
+            "settings": cfg,
+            "slot": "one tick: one stage's forward or backward (the head does both)",
+            "window": "one step once every replica runs",
+        },
+    }
 
 
 def write(measured: dict, out_dir) -> list:

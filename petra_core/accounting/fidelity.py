@@ -13,6 +13,7 @@ the stages after j not yet.
 Cost per tracked group: about one forward of the network plus one backward down to stage j, per
 stage and minibatch; with ``every`` = a few hundred steps it is a few percent of training.
 """
+
 from __future__ import annotations
 
 import torch
@@ -82,7 +83,9 @@ class FidelityTracker(Observer):
         self._workers = {id(w) for w in sim.workers}
         self._R = sim.world.mesh.replicas
         # replicas whose minibatches make the gradient the first replica steps with
-        self._sources = range(self._R) if self._R > 1 and isinstance(sim.rule, DataParallel) else (sim.workers[0].replica,)
+        self._sources = (
+            range(self._R) if self._R > 1 and isinstance(sim.rule, DataParallel) else (sim.workers[0].replica,)
+        )
         sim.observers.append(self)
 
     def _tracked(self, group: int) -> bool:
@@ -107,8 +110,17 @@ class FidelityTracker(Observer):
         # a batch fetched before a resume is fetched again: get_batch is a pure function of mb
         batches = [self._batches[m] if m in self._batches else self.sim.get_batch(m) for m in mbs]
         true = true_gradient(self.sim.model, worker.index, batches)
-        self.records.append(dict(method=self.sim.method.name, step=group, tick=self.sim.tick, stage=worker.index,
-                                 kind=worker.stage.kind, num_minibatches=len(mbs), **compare(grad, true)))
+        self.records.append(
+            dict(
+                method=self.sim.method.name,
+                step=group,
+                tick=self.sim.tick,
+                stage=worker.index,
+                kind=worker.stage.kind,
+                num_minibatches=len(mbs),
+                **compare(grad, true),
+            )
+        )
         done = self._done.setdefault(group, set())
         done.add(worker.index)
         if len(done) == len(self.sim.workers):  # every stage has used this group: free its batches

@@ -9,6 +9,7 @@ Two independent measurements, both observation only:
 * :class:`AllocationMeter` counts bytes allocated and not freed by the CPU allocator while a block
   runs (``torch.profiler`` memory events), so nothing that holds memory can hide from it.
 """
+
 from __future__ import annotations
 
 import gc
@@ -90,8 +91,16 @@ def held_by_stage(workers) -> list[dict]:
         held = held_by_policy(w.storage, exclude=list(w.stage.parameters()) + list(w.stage.buffers()))
         reported = w.storage.kept_bytes()
         for buf in sorted(set(held) | set(reported)):
-            rows.append(dict(stage=w.index, kind=w.stage.kind, policy=w.storage.name, buffer=buf,
-                             held_bytes=held.get(buf, 0), reported_bytes=reported.get(buf, 0)))
+            rows.append(
+                dict(
+                    stage=w.index,
+                    kind=w.stage.kind,
+                    policy=w.storage.name,
+                    buffer=buf,
+                    held_bytes=held.get(buf, 0),
+                    reported_bytes=reported.get(buf, 0),
+                )
+            )
     return rows
 
 
@@ -100,7 +109,7 @@ class AllocationMeter:
 
     net_bytes: int | None = None
 
-    def __enter__(self) -> "AllocationMeter":
+    def __enter__(self) -> AllocationMeter:
         gc.collect()  # garbage of earlier work, freed inside, would count as a negative allocation
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         self._prof.__enter__()

@@ -19,17 +19,18 @@ end of a steady-state tick of the pipelined schedule (every stage busy in both d
 The measurement runs the simulator to such a tick under an :class:`AllocationMeter` (everything
 the run allocated and still holds) and walks what the policies hold (:func:`held_by_stage`).
 """
+
 from __future__ import annotations
 
 import torch
 
 from ..engine import Simulator
+from ..engine.schedule import staleness
 from ..methods import get_method
 from ..models import StagedModel
 from ..optim import Recipe
 from .held import AllocationMeter, held_by_stage, held_total
 from .shapes import FLOAT32, stage_shapes
-from ..engine.schedule import staleness
 
 LABEL_BYTES = 8  # int64 class labels
 
@@ -46,8 +47,16 @@ def stash_versions(J: int, stage: int, tick: int, k: int) -> int:
     return len({max(0, tau - first_backward) // k for tau in taus})
 
 
-def predict_steady_state(model: StagedModel, method: str, *, batch: int, image_size: int, k: int = 1,
-                         tick: int | None = None, momentum: bool = True) -> list[dict]:
+def predict_steady_state(
+    model: StagedModel,
+    method: str,
+    *,
+    batch: int,
+    image_size: int,
+    k: int = 1,
+    tick: int | None = None,
+    momentum: bool = True,
+) -> list[dict]:
     """Tidy rows (stage, kind, component, bytes) held at the end of pipelined tick ``tick``.
 
     ``tick`` (0-based, default 4(J-1)) must have every stage busy in both directions:
@@ -89,9 +98,18 @@ def predict_steady_state(model: StagedModel, method: str, *, batch: int, image_s
     return rows
 
 
-def measure_steady_state(model: StagedModel, method: str, *, batch: int, image_size: int, k: int = 1,
-                         tick: int | None = None, num_classes: int = 10, seed: int = 0,
-                         recipe: Recipe = Recipe(weight_decay=0.0)) -> dict:
+def measure_steady_state(
+    model: StagedModel,
+    method: str,
+    *,
+    batch: int,
+    image_size: int,
+    k: int = 1,
+    tick: int | None = None,
+    num_classes: int = 10,
+    seed: int = 0,
+    recipe: Recipe = Recipe(weight_decay=0.0),
+) -> dict:
     """Run ``method`` to the end of ``tick`` (default 4(J-1)) and compare memory with the prediction.
 
     Minibatches are generated inside the run (so the stem's buffered images count as allocated).
@@ -103,15 +121,18 @@ def measure_steady_state(model: StagedModel, method: str, *, batch: int, image_s
     gen = torch.Generator().manual_seed(seed)
 
     def get_batch(mb):
-        return (torch.randn(batch, 3, image_size, image_size, generator=gen),
-                torch.randint(0, num_classes, (batch,), generator=gen))
+        return (
+            torch.randn(batch, 3, image_size, image_size, generator=gen),
+            torch.randint(0, num_classes, (batch,), generator=gen),
+        )
 
     tick = 4 * (J - 1) if tick is None else tick  # every stage busy, weight stashes at their steady count
     sim = Simulator(model, method, num_batches=tick + 2, get_batch=get_batch, batch_size=batch, k=k, recipe=recipe)
     with AllocationMeter() as meter:
         sim.run(ticks=tick + 1)
-    predicted = predict_steady_state(model, method, batch=batch, image_size=image_size, k=k, tick=tick,
-                                     momentum=recipe.momentum > 0)
+    predicted = predict_steady_state(
+        model, method, batch=batch, image_size=image_size, k=k, tick=tick, momentum=recipe.momentum > 0
+    )
     buffers = ("input_buffer", "weight_stash", "graph")
 
     def total(rows):
@@ -119,7 +140,12 @@ def measure_steady_state(model: StagedModel, method: str, *, batch: int, image_s
         return None if any(v is None for v in values) else sum(values)
 
     return dict(
-        method=method, arch=model.arch, batch=batch, image_size=image_size, k=k, tick=sim.tick - 1,
+        method=method,
+        arch=model.arch,
+        batch=batch,
+        image_size=image_size,
+        k=k,
+        tick=sim.tick - 1,
         allocated_bytes=meter.net_bytes,
         held_bytes=held_total(sim.workers),
         predicted_bytes=total(predicted),  # None where a kept graph makes it unpredictable

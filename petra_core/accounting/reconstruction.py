@@ -16,6 +16,7 @@ is widened to float32 before the next stage sees it) or ``"native"`` (left in wh
 autocast produced, i.e. bf16 activations between stages: the contrast that shows why training
 widens them — a coupling x̃ + F(x) computed in bf16 rounds away what its inverse needs).
 """
+
 from __future__ import annotations
 
 import torch
@@ -47,17 +48,25 @@ def reconstruction_errors(model, x: torch.Tensor, name: str, messages: str = "fl
         for j in reversed(range(len(model))):
             stage = model[j]
             if not stage.reversible:
-                rows.append({"stage": j, "kind": stage.kind, "rebuilds": False, "chain": 0, "rel_error": 0.0,
-                             "max_error": 0.0})
+                rows.append(
+                    {"stage": j, "kind": stage.kind, "rebuilds": False, "chain": 0, "rel_error": 0.0, "max_error": 0.0}
+                )
                 rebuilt, depth = None, 0
                 continue
             y = sent(stage(inputs[j])) if rebuilt is None else rebuilt  # the exact output, or the one handed down
             x_hat = sent(stage.inverse(y))
             got, true = streams.join(x_hat).float(), streams.join(inputs[j]).float()
             depth += 1
-            rows.append({"stage": j, "kind": stage.kind, "rebuilds": True, "chain": depth,
-                         "rel_error": float((got - true).norm() / true.norm()),
-                         "max_error": float((got - true).abs().max() / true.abs().max())})
+            rows.append(
+                {
+                    "stage": j,
+                    "kind": stage.kind,
+                    "rebuilds": True,
+                    "chain": depth,
+                    "rel_error": float((got - true).norm() / true.norm()),
+                    "max_error": float((got - true).abs().max() / true.abs().max()),
+                }
+            )
             rebuilt = x_hat
     for r in rows:
         r["precision"], r["messages"] = name, messages

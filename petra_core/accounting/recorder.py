@@ -19,6 +19,7 @@ Three tidy tables (lists of dicts; ``frames()`` gives pandas DataFrames):
   ``kept_bytes()``), held_bytes (distinct storages actually held; None unless ``walk_held``),
   taken right after each forward
 """
+
 from __future__ import annotations
 
 import time
@@ -69,8 +70,14 @@ class Recorder(Observer):
         return id(w) in self._workers
 
     def _row(self, w, mb, tick=None, **kw) -> dict:
-        return dict(method=self.method, stage=w.index, kind=w.stage.kind, mb=mb,
-                    tick=self.sim.tick if tick is None else tick, **kw)
+        return dict(
+            method=self.method,
+            stage=w.index,
+            kind=w.stage.kind,
+            mb=mb,
+            tick=self.sim.tick if tick is None else tick,
+            **kw,
+        )
 
     # ---- the runner's hooks ---------------------------------------------------------------------
     def before(self, phase: str, worker, mb: int | None) -> None:
@@ -101,8 +108,9 @@ class Recorder(Observer):
             mb, tick = self._last_backward.get(id(worker), (None, None))
         elif phase == "backward":
             self._last_backward[id(worker)] = (mb, self.sim.tick)
-        self.phases.append(self._row(worker, mb, tick, phase=phase, seconds=secs, flops=flops,
-                                     flops_counted=flops is not None))
+        self.phases.append(
+            self._row(worker, mb, tick, phase=phase, seconds=secs, flops=flops, flops_counted=flops is not None)
+        )
         if phase == "forward":
             self._record_kept(worker, mb)
 
@@ -114,9 +122,20 @@ class Recorder(Observer):
         grad = streams.nbytes(getattr(msg, "grad", None))
         labels = streams.nbytes(getattr(msg, "labels", None))
         src = worker.index
-        self.messages.append(dict(method=self.method, stage=src, receiver=src + (1 if direction == "forward" else -1),
-                                  direction=direction, mb=msg.mb, tick=self.sim.tick, activation_bytes=act,
-                                  grad_bytes=grad, labels_bytes=labels, payload_bytes=act + grad))
+        self.messages.append(
+            dict(
+                method=self.method,
+                stage=src,
+                receiver=src + (1 if direction == "forward" else -1),
+                direction=direction,
+                mb=msg.mb,
+                tick=self.sim.tick,
+                activation_bytes=act,
+                grad_bytes=grad,
+                labels_bytes=labels,
+                payload_bytes=act + grad,
+            )
+        )
 
     # ---- observations ---------------------------------------------------------------------------
     def _record_kept(self, w, mb) -> None:
@@ -125,9 +144,16 @@ class Recorder(Observer):
         if self.walk_held:
             held = held_by_policy(w.storage, exclude=[*w.stage.parameters(), *w.stage.buffers()])
         for buf in sorted(set(reported) | set(held or {})):
-            self.kept.append(self._row(w, mb, in_flight=w.storage.in_flight(), buffer=buf,
-                                       reported_bytes=reported.get(buf, 0),
-                                       held_bytes=None if held is None else held.get(buf, 0)))
+            self.kept.append(
+                self._row(
+                    w,
+                    mb,
+                    in_flight=w.storage.in_flight(),
+                    buffer=buf,
+                    reported_bytes=reported.get(buf, 0),
+                    held_bytes=None if held is None else held.get(buf, 0),
+                )
+            )
 
     def frames(self) -> dict:
         """The three tables as pandas DataFrames."""

@@ -4,6 +4,7 @@ One row per stage: kind, input/output shapes, parameter and batch-norm buffer co
 sizes the memory accounting needs: the stage input as it really is (a RevNet activation is both
 streams) and as the paper lists it (one stream, except stem and downsampling stages).
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,14 +46,20 @@ def stage_shapes(model: StagedModel, *, batch: int, image_size: int) -> list[dic
             y = stage(x)
             in_numel = _numel(streams.shape(x))
             one_stream = two_streams and stage.kind not in ("S", "D")
-            rows.append(dict(
-                stage=j, kind=stage.kind, reversible=stage.reversible,
-                input_shape=streams.shape(x), output_shape=streams.shape(y),
-                input_numel=in_numel, input_numel_paper=in_numel // 2 if one_stream else in_numel,
-                output_numel=_numel(streams.shape(y)),
-                params=sum(p.numel() for p in stage.parameters()),
-                params_with_conv_bias=sum(p.numel() for p in stage.parameters()) + conv_bias_params(stage),
-                bn_buffer_bytes=sum(b.numel() * b.element_size() for b in stage.buffers()),
-            ))
+            rows.append(
+                dict(
+                    stage=j,
+                    kind=stage.kind,
+                    reversible=stage.reversible,
+                    input_shape=streams.shape(x),
+                    output_shape=streams.shape(y),
+                    input_numel=in_numel,
+                    input_numel_paper=in_numel // 2 if one_stream else in_numel,
+                    output_numel=_numel(streams.shape(y)),
+                    params=sum(p.numel() for p in stage.parameters()),
+                    params_with_conv_bias=sum(p.numel() for p in stage.parameters()) + conv_bias_params(stage),
+                    bn_buffer_bytes=sum(b.numel() * b.element_size() for b in stage.buffers()),
+                )
+            )
             x = y
     return rows

@@ -1,4 +1,5 @@
 """Measured cost of every stage, for placing stages on devices (``placement: balanced``)."""
+
 from __future__ import annotations
 
 import copy
@@ -14,8 +15,9 @@ from ..methods import get_method
 from ..models import streams
 
 
-def measure_stage_costs(model, sample: tuple[Tensor, Tensor], *, method=None, device: torch.device | str = "cpu",
-                        repeats: int = 3) -> list[float]:
+def measure_stage_costs(
+    model, sample: tuple[Tensor, Tensor], *, method=None, device: torch.device | str = "cpu", repeats: int = 3
+) -> list[float]:
     """Seconds per minibatch of each stage: forward + backward, plus one more forward for stages
     that recompute under ``method`` (PETRA, DSP: Table 1's 4 units instead of 3).
 

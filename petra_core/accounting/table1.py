@@ -1,8 +1,8 @@
 """Table 1 measured: storage, communication, FLOPs and time per stage for the five methods.
 
 Each method runs in the real engine (the simulator) under a :class:`Recorder`; the paper's
-analytic entries (section ``table1`` of ``petra_core/paper_reference.yaml``) are evaluated beside the measured ones, normalised as
-the paper does:
+analytic entries (section ``table1`` of ``petra_core/paper_reference.yaml``) are evaluated beside the
+measured ones, normalised as the paper does:
 
 * activations: bytes a stage keeps between forward and backward at steady state, in stage inputs
   (per-minibatch bytes measured, times the minibatches in flight: staleness 2(J-j) when pipelined,
@@ -16,6 +16,7 @@ the paper does:
   backward in parallel, and balanced over stages (the paper's ideal setting); in mean backprop
   stage forwards (see :func:`network_costs`).
 """
+
 from __future__ import annotations
 
 import math
@@ -24,24 +25,41 @@ import pandas as pd
 import torch
 
 from ..engine import Simulator
+from ..engine.schedule import staleness
 from ..methods import METHODS, get_method
 from ..models import build_model
-from .recorder import Recorder
 from ..reference import evaluate_formula, load_reference
+from .recorder import Recorder
 from .shapes import FLOAT32, stage_shapes
-from ..engine.schedule import staleness
 
 
-def run_method(arch: str, method: str, *, stem: str = "imagenet", image_size: int = 224, batch: int = 2,
-               num_batches: int = 3, width: int = 64, num_classes: int = 1000, k: int = 1, seed: int = 0,
-               flops_minibatches=(0,), walk_held: bool = True) -> Recorder:
+def run_method(
+    arch: str,
+    method: str,
+    *,
+    stem: str = "imagenet",
+    image_size: int = 224,
+    batch: int = 2,
+    num_batches: int = 3,
+    width: int = 64,
+    num_classes: int = 1000,
+    k: int = 1,
+    seed: int = 0,
+    flops_minibatches=(0,),
+    walk_held: bool = True,
+) -> Recorder:
     """Run ``method`` on ``arch`` for ``num_batches`` random minibatches and return its recorder."""
     torch.manual_seed(seed)
     aux = "cnn" if get_method(method).needs_aux else None  # local learning trains from auxiliary heads
     model = build_model(arch, num_classes=num_classes, stem=stem, width=width, aux_head=aux)
     gen = torch.Generator().manual_seed(seed)
-    batches = [(torch.randn(batch, 3, image_size, image_size, generator=gen),
-                torch.randint(0, num_classes, (batch,), generator=gen)) for _ in range(num_batches)]
+    batches = [
+        (
+            torch.randn(batch, 3, image_size, image_size, generator=gen),
+            torch.randint(0, num_classes, (batch,), generator=gen),
+        )
+        for _ in range(num_batches)
+    ]
     sim = Simulator(model, method, num_batches=num_batches, get_batch=batches.__getitem__, batch_size=batch, k=k)
     rec = Recorder(sim, flops_minibatches=flops_minibatches, walk_held=walk_held)
     sim.run()
@@ -55,19 +73,41 @@ def resnet_messages(arch: str, *, stem: str, image_size: int, batch: int, width:
         resnet = build_model(arch.replace("revnet", "resnet"), num_classes=num_classes, stem=stem, width=width)
     rows = stage_shapes(resnet, batch=batch, image_size=image_size)
     J = len(rows)
-    return pd.DataFrame([dict(stage=r["stage"], resnet_fwd_bytes=FLOAT32 * r["output_numel"] if r["stage"] < J - 1 else 0,
-                              resnet_bwd_bytes=FLOAT32 * r["input_numel"] if r["stage"] > 0 else 0) for r in rows])
+    return pd.DataFrame(
+        [
+            dict(
+                stage=r["stage"],
+                resnet_fwd_bytes=FLOAT32 * r["output_numel"] if r["stage"] < J - 1 else 0,
+                resnet_bwd_bytes=FLOAT32 * r["input_numel"] if r["stage"] > 0 else 0,
+            )
+            for r in rows
+        ]
+    )
 
 
-def per_stage(arch: str, *, methods=tuple(METHODS), stem: str = "imagenet", image_size: int = 224, batch: int = 2,
-              num_batches: int = 3, width: int = 64, num_classes: int = 1000, k: int = 1, seed: int = 0) -> pd.DataFrame:
+def per_stage(
+    arch: str,
+    *,
+    methods=tuple(METHODS),
+    stem: str = "imagenet",
+    image_size: int = 224,
+    batch: int = 2,
+    num_batches: int = 3,
+    width: int = 64,
+    num_classes: int = 1000,
+    k: int = 1,
+    seed: int = 0,
+) -> pd.DataFrame:
     """One tidy row per (method, stage): bytes, messages, FLOPs and times (see the module docstring)."""
     if "backprop" not in methods:
         raise ValueError("per_stage needs 'backprop' among the methods: it is the unit of FLOPs, time and messages")
     cfg = dict(stem=stem, image_size=image_size, batch=batch, width=width, num_classes=num_classes)
     with torch.device("meta"):
-        shapes = pd.DataFrame(stage_shapes(build_model(arch, num_classes=num_classes, stem=stem, width=width),
-                                           batch=batch, image_size=image_size))
+        shapes = pd.DataFrame(
+            stage_shapes(
+                build_model(arch, num_classes=num_classes, stem=stem, width=width), batch=batch, image_size=image_size
+            )
+        )
     J = len(shapes)
     out = []
     for method in methods:
@@ -85,9 +125,22 @@ def per_stage(arch: str, *, methods=tuple(METHODS), stem: str = "imagenet", imag
             pipelined = m.schedule == "pipelined"
             stale = staleness(J, j) if pipelined else 0
             n = stale if pipelined else (1 if j < J - 1 else 0)
-            row = dict(arch=arch, method=method, schedule=m.schedule, stage=j, kind=s.kind, J=J, staleness=stale,
-                       in_flight=n, batch=batch, image_size=image_size, width=width, k=k,
-                       input_bytes=FLOAT32 * s.input_numel, param_bytes=FLOAT32 * s.params)
+            row = dict(
+                arch=arch,
+                method=method,
+                schedule=m.schedule,
+                stage=j,
+                kind=s.kind,
+                J=J,
+                staleness=stale,
+                in_flight=n,
+                batch=batch,
+                image_size=image_size,
+                width=width,
+                k=k,
+                input_bytes=FLOAT32 * s.input_numel,
+                param_bytes=FLOAT32 * s.params,
+            )
             for buf in ("input", "graph", "weight_stash"):
                 row[f"{buf}_bytes_per_mb"] = int(first.at[j, buf]) if j in first.index and buf in first else 0
             row["kept_bytes"] = n * (row["input_bytes_per_mb"] + row["graph_bytes_per_mb"])
@@ -104,7 +157,9 @@ def per_stage(arch: str, *, methods=tuple(METHODS), stem: str = "imagenet", imag
     df = pd.DataFrame(out).merge(resnet_messages(arch, **cfg), on="stage")
     bp = df[df.method == "backprop"].set_index("stage") if "backprop" in methods else None
     for col, ref in (("fwd_sent", "resnet_fwd_bytes"), ("bwd_sent", "resnet_bwd_bytes"), ("bwd_received", None)):
-        ref_bytes = df[ref] if ref else df.stage.map(lambda j: df.resnet_bwd_bytes[df.stage == j + 1].max() if j + 1 < J else 0)
+        ref_bytes = (
+            df[ref] if ref else df.stage.map(lambda j: df.resnet_bwd_bytes[df.stage == j + 1].max() if j + 1 < J else 0)
+        )
         df[f"{col}_vs_resnet"] = df[f"{col}_bytes"] / ref_bytes.where(ref_bytes > 0)
         if bp is not None:
             same = df.stage.map(bp[f"{col}_bytes"])
@@ -138,12 +193,19 @@ def network_costs(df: pd.DataFrame) -> pd.DataFrame:
         parallel = pd.concat([g.forward_seconds, g.rebuild_seconds + g.backward_seconds], axis=1).max(axis=1)
         flops = (g.forward_flops + g.rebuild_flops + g.backward_flops).sum()
         seq = g.schedule.iloc[0] == "sequential"
-        rows.append(dict(
-            arch=g.arch.iloc[0], method=method, J=J, flops=flops, flops_units=flops / unit_flops,
-            time_serial_s=work.sum() if seq else work.max(), time_parallel_s=work.sum() if seq else parallel.max(),
-            time_unit_s=unit_secs,
-            time_balanced_units=(work.sum() if seq else parallel.sum() / J) / unit_secs,
-        ))
+        rows.append(
+            dict(
+                arch=g.arch.iloc[0],
+                method=method,
+                J=J,
+                flops=flops,
+                flops_units=flops / unit_flops,
+                time_serial_s=work.sum() if seq else work.max(),
+                time_parallel_s=work.sum() if seq else parallel.max(),
+                time_unit_s=unit_secs,
+                time_balanced_units=(work.sum() if seq else parallel.sum() / J) / unit_secs,
+            )
+        )
     out = pd.DataFrame(rows)
     out["time_serial_units"] = out.time_serial_s / out.time_unit_s
     out["time_parallel_units"] = out.time_parallel_s / out.time_unit_s
@@ -164,20 +226,36 @@ def table1(df: pd.DataFrame, stage: int | None = None) -> list[dict]:
         paper = ref["methods"].get(method)  # None: a method the paper does not have (local learning)
         names = dict(J=J, j=j, k=k, FG=FG)
         measured = dict(
-            activations=r.activations_units, params=r.params_units,
-            comm=r.bwd_received_vs_resnet, flops=net.at[method, "flops_units"],
+            activations=r.activations_units,
+            params=r.params_units,
+            comm=r.bwd_received_vs_resnet,
+            flops=net.at[method, "flops_units"],
             time=net.at[method, "time_serial_units"],
         )
         extra = dict(
-            activations="", params="", comm=f"fwd×{r.fwd_sent_vs_resnet:.2f} bwd-sent×{r.bwd_sent_vs_resnet:.2f} "
+            activations="",
+            params="",
+            comm=f"fwd×{r.fwd_sent_vs_resnet:.2f} bwd-sent×{r.bwd_sent_vs_resnet:.2f} "
             f"(vs same-net backprop: fwd×{r.get('fwd_sent_vs_backprop', float('nan')):.2f} "
             f"bwd-recv×{r.get('bwd_received_vs_backprop', float('nan')):.2f})",
-            flops="", time=f"fwd∥bwd {net.at[method, 'time_parallel_units']:.2f}, "
-                            f"balanced fwd∥bwd {net.at[method, 'time_balanced_units']:.2f}",
+            flops="",
+            time=f"fwd∥bwd {net.at[method, 'time_parallel_units']:.2f}, "
+            f"balanced fwd∥bwd {net.at[method, 'time_balanced_units']:.2f}",
         )
         for q in ("activations", "params", "comm", "flops", "time"):
-            rows.append(dict(arch=r.arch, method=method, label=paper["label"] if paper else method, stage=stage, J=J,
-                             j=j, quantity=q, paper_expr=str(paper[q]) if paper else "",
-                             paper=evaluate_formula(paper[q], **names) if paper else float("nan"),
-                             measured=float(measured[q]), note=extra[q]))
+            rows.append(
+                dict(
+                    arch=r.arch,
+                    method=method,
+                    label=paper["label"] if paper else method,
+                    stage=stage,
+                    J=J,
+                    j=j,
+                    quantity=q,
+                    paper_expr=str(paper[q]) if paper else "",
+                    paper=evaluate_formula(paper[q], **names) if paper else float("nan"),
+                    measured=float(measured[q]),
+                    note=extra[q],
+                )
+            )
     return rows

@@ -8,15 +8,16 @@ downsampling stages only otherwise (rows 3-4); parameter buffer = parameters x
 ceil(staleness / k); stage inputs at one stream's width except stem and downsampling stages.
 Every size comes from the real model by shape propagation (:func:`stage_shapes`).
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
 
+from ..engine.schedule import staleness
 from ..models import build_model
 from ..reference import load_reference
-from ..engine.schedule import staleness
 from .shapes import FLOAT32, stage_shapes
 
 GB = 1e9
@@ -32,8 +33,9 @@ VARIANTS = {
 }
 
 
-def memory_components(shapes: list[dict], *, input_buffer: bool, param_buffer: bool, k: int = 1,
-                      variant: str = "formula") -> dict[str, float]:
+def memory_components(
+    shapes: list[dict], *, input_buffer: bool, param_buffer: bool, k: int = 1, variant: str = "formula"
+) -> dict[str, float]:
     """Bytes of (model, input buffers, parameter buffers) for one row of Table 3."""
     size, pcol, stem_rule = VARIANTS[variant]
     J = len(shapes)
@@ -47,12 +49,19 @@ def memory_components(shapes: list[dict], *, input_buffer: bool, param_buffer: b
         if buffered:
             inputs += FLOAT32 * r[size] * staleness(J, r["stage"])
     params = sum(FLOAT32 * r[pcol] * math.ceil(staleness(J, r["stage"]) / k) for r in shapes) if param_buffer else 0
-    return dict(model_bytes=model, input_buffer_bytes=inputs, param_buffer_bytes=params,
-                memory_bytes=model + inputs + params)
+    return dict(
+        model_bytes=model, input_buffer_bytes=inputs, param_buffer_bytes=params, memory_bytes=model + inputs + params
+    )
 
 
-def table3(*, arch: str | None = None, batch: int | None = None, k: int | None = None,
-           image_size: int | None = None, stem: str | None = None) -> list[dict]:
+def table3(
+    *,
+    arch: str | None = None,
+    batch: int | None = None,
+    k: int | None = None,
+    image_size: int | None = None,
+    stem: str | None = None,
+) -> list[dict]:
     """Tidy rows of Table 3: one per (row, accounting). Defaults are the paper's configuration.
 
     accounting: ``paper`` (the published value), ``formula`` (the paper's formula re-implemented),
@@ -71,12 +80,27 @@ def table3(*, arch: str | None = None, batch: int | None = None, k: int | None =
     for i, (ib, pb) in enumerate(ROWS, start=1):
         paper = ref["rows"][i - 1]
         assert (paper["input_buffer"], paper["param_buffer"]) == (ib, pb)
-        rows.append(dict(row=i, input_buffer=ib, param_buffer=pb, accounting="paper",
-                         memory_gb=paper["memory_gb"], saving_pct=paper["saving_pct"]))
+        rows.append(
+            dict(
+                row=i,
+                input_buffer=ib,
+                param_buffer=pb,
+                accounting="paper",
+                memory_gb=paper["memory_gb"],
+                saving_pct=paper["saving_pct"],
+            )
+        )
         for variant in VARIANTS:
             parts = memory_components(shapes, input_buffer=ib, param_buffer=pb, k=k, variant=variant)
-            rows.append(dict(row=i, input_buffer=ib, param_buffer=pb, accounting=variant,
-                             **{key.replace("_bytes", "_gb"): v / GB for key, v in parts.items()}))
+            rows.append(
+                dict(
+                    row=i,
+                    input_buffer=ib,
+                    param_buffer=pb,
+                    accounting=variant,
+                    **{key.replace("_bytes", "_gb"): v / GB for key, v in parts.items()},
+                )
+            )
     for acc in {r["accounting"] for r in rows} - {"paper"}:
         first = next(r["memory_gb"] for r in rows if r["accounting"] == acc and r["row"] == 1)
         for r in rows:

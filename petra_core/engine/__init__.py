@@ -1,11 +1,25 @@
 """The stage worker, the one tick runner and its worlds (in-process; torch.distributed)."""
-from .messages import BackwardMsg, ForwardMsg
+
 from .assembly import assemble, build_workers, check_k, schedule_for
+from .messages import BackwardMsg, ForwardMsg
 from .pipeline import Pipeline, run_stage_tick
 from .simulator import Simulator, simulate
 from .worker import HeadLog, HeadRecord, StageWorker
 from .world import LocalWorld
 
-__all__ = ["BackwardMsg", "ForwardMsg", "HeadLog", "HeadRecord", "LocalWorld", "Pipeline", "Simulator",
-           "StageWorker", "assemble", "build_workers", "check_k", "run_stage_tick", "schedule_for",
-           "simulate"]
+__all__ = [
+    "BackwardMsg",
+    "ForwardMsg",
+    "HeadLog",
+    "HeadRecord",
+    "LocalWorld",
+    "Pipeline",
+    "Simulator",
+    "StageWorker",
+    "assemble",
+    "build_workers",
+    "check_k",
+    "run_stage_tick",
+    "schedule_for",
+    "simulate",
+]

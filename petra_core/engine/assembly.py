@@ -1,6 +1,7 @@
 """How a :class:`~petra_core.engine.pipeline.Pipeline` is put together: the workers of every
 replica this process holds, on their devices, with their optimizers, after the ranks have agreed
 on the model and the placement: ``Pipeline(**assemble(model, method, world, ...))``."""
+
 from __future__ import annotations
 
 import copy
@@ -55,8 +56,20 @@ def build_workers(
     for j in stages if stages is not None else range(J):
         opt, sched = make_optimizer(model[j], recipe, batch_size=batch_size, k=k, steps_per_epoch=batches_per_epoch / k)
         send_back = j > 0 and method.policy_for(model[j - 1], last=False).needs_output_back
-        workers.append(StageWorker(model[j], j, J, method.storage_for(model[j], last=j == J - 1), opt, sched,
-                                   k=k, send_input_back=send_back, replica=replica, precision=precision))
+        workers.append(
+            StageWorker(
+                model[j],
+                j,
+                J,
+                method.storage_for(model[j], last=j == J - 1),
+                opt,
+                sched,
+                k=k,
+                send_input_back=send_back,
+                replica=replica,
+                precision=precision,
+            )
+        )
         workers[-1].tensor_offset, workers[-1].tensors_total = sum(counts[:j]), sum(counts)
     join_graphs(workers, method.schedule)
     return workers
@@ -87,10 +100,24 @@ class Replica:
     workers: list[StageWorker]
 
 
-def assemble(model: StagedModel, method: str | Method, world, *, num_batches: int, get_batch: GetBatch | None,
-             batch_size: int, k: int = 1, recipe: Recipe = Recipe(), batches_per_epoch: float | None = None,
-             placement="even", measure: Callable | None = None, sample: tuple[Tensor, Tensor] | None = None,
-             sync_timing: bool = False, rule: str | ReplicaRule | None = None, precision: str = "fp32") -> dict:
+def assemble(
+    model: StagedModel,
+    method: str | Method,
+    world,
+    *,
+    num_batches: int,
+    get_batch: GetBatch | None,
+    batch_size: int,
+    k: int = 1,
+    recipe: Recipe = Recipe(),
+    batches_per_epoch: float | None = None,
+    placement="even",
+    measure: Callable | None = None,
+    sample: tuple[Tensor, Tensor] | None = None,
+    sync_timing: bool = False,
+    rule: str | ReplicaRule | None = None,
+    precision: str = "fp32",
+) -> dict:
     """The parts of a :class:`Pipeline` of ``model`` in ``world``: ``Pipeline(**assemble(...))``.
 
     ``num_batches`` and ``batches_per_epoch`` count each replica's minibatches. Every rank calls
@@ -112,24 +139,41 @@ def assemble(model: StagedModel, method: str | Method, world, *, num_batches: in
     if world.world_size > 1:
         from .distributed.world import model_fingerprint
 
-        config = (getattr(model, "arch", None), J, method.name, rule.name, str(world.mesh), num_batches, k, batch_size,
-                  model_fingerprint(model))
+        config = (
+            getattr(model, "arch", None),
+            J,
+            method.name,
+            rule.name,
+            str(world.mesh),
+            num_batches,
+            k,
+            batch_size,
+            model_fingerprint(model),
+        )
         configs = world.all_objects(config)
         differ = [r for r, c in enumerate(configs) if c != configs[0]]
         if differ:
-            raise ValueError(f"ranks disagree on (arch, stages, method, rule, mesh, minibatches, k, batch, weights): "
-                             f"rank 0 has {configs[0][:-1]}, ranks {differ} differ (same seed on every rank?): "
-                             + "; ".join(f"rank {r}: {configs[r][:-1]}" for r in differ))
+            raise ValueError(
+                f"ranks disagree on (arch, stages, method, rule, mesh, minibatches, k, batch, weights): "
+                f"rank 0 has {configs[0][:-1]}, ranks {differ} differ (same seed on every rank?): "
+                + "; ".join(f"rank {r}: {configs[r][:-1]}" for r in differ)
+            )
     decision = None
     if world.is_main:
         try:
             costs = None
             if placement == "balanced":
                 if measure is None or (get_batch is None and sample is None):
-                    raise ValueError("placement 'balanced' needs measured stage costs: pass measure= (e.g. "
-                                     "petra_core.accounting.measure_stage_costs) and a sample minibatch")
-                costs = measure(model, sample if sample is not None else get_batch(0), method=method,
-                                device=world.device_for(0) or next(model.parameters()).device)
+                    raise ValueError(
+                        "placement 'balanced' needs measured stage costs: pass measure= (e.g. "
+                        "petra_core.accounting.measure_stage_costs) and a sample minibatch"
+                    )
+                costs = measure(
+                    model,
+                    sample if sample is not None else get_batch(0),
+                    method=method,
+                    device=world.device_for(0) or next(model.parameters()).device,
+                )
             decision = (parse_placement(placement, J, world.mesh.positions, costs), costs)
         except ValueError as err:  # a bad spec: every rank raises it, none waits for the others
             decision = str(err)
@@ -157,9 +201,31 @@ def assemble(model: StagedModel, method: str | Method, world, *, num_batches: in
             images, labels = user_get_batch(mb)  # head copies them to its own device (copies.py)
             return images.to(first, non_blocking=True), labels
 
-    replicas = [Replica(r, m, build_workers(m, method, k=k, recipe=recipe, batch_size=batch_size * R,
-                                            batches_per_epoch=batches_per_epoch or max(num_batches, 1),
-                                            stages=world.stages, replica=r, precision=precision))
-                for r, m in models.items()]
-    return dict(replicas=replicas, schedule=schedule, world=world, get_batch=get_batch, method=method, rule=rule,
-                stage_costs=stage_costs, sync_timing=sync_timing)
+    replicas = [
+        Replica(
+            r,
+            m,
+            build_workers(
+                m,
+                method,
+                k=k,
+                recipe=recipe,
+                batch_size=batch_size * R,
+                batches_per_epoch=batches_per_epoch or max(num_batches, 1),
+                stages=world.stages,
+                replica=r,
+                precision=precision,
+            ),
+        )
+        for r, m in models.items()
+    ]
+    return dict(
+        replicas=replicas,
+        schedule=schedule,
+        world=world,
+        get_batch=get_batch,
+        method=method,
+        rule=rule,
+        stage_costs=stage_costs,
+        sync_timing=sync_timing,
+    )

@@ -15,6 +15,7 @@ Host tensors are never copied here: labels stay in (pinned) host memory until th
 needs them (the head) copies them to its GPU itself, straight from the host. On CPU and meta
 devices this is a plain ``.to``; with one device nothing is copied.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -19,6 +19,7 @@ It is process-wide and applied once, by the first pipeline a process builds (the
 rank of a distributed run, the benchmarks). ``PETRA_HOST_MALLOC=system`` leaves glibc's defaults;
 on a C library without ``mallopt`` (macOS, musl) it does nothing.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -46,8 +47,12 @@ def retain_freed_memory() -> bool:
     """Apply the setting once per process; True when glibc now keeps freed memory."""
     global _applied
     if _applied is None:
-        _applied = setting() == "retain" and _mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) \
-            and _mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) and _mallopt(M_MMAP_MAX, 0)
+        _applied = (
+            setting() == "retain"
+            and _mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+            and _mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+            and _mallopt(M_MMAP_MAX, 0)
+        )
     return _applied
 
 

@@ -4,6 +4,7 @@
 starts N ranks on this machine without torchrun (tests, benchmarks);
 :func:`fail` ends a rank at once after a failure (no hanging in teardown).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -24,8 +25,10 @@ from .distributed.failures import DEFAULT_TIMEOUT, PipelineError
 def local_gpu(local_rank: int, count: int) -> torch.device:
     """This node's GPU for ``LOCAL_RANK`` (never two ranks on one GPU by wrapping around)."""
     if not 0 <= local_rank < count:
-        raise ValueError(f"LOCAL_RANK={local_rank} but {count} GPU(s) are visible on this node: launch at most "
-                         f"{count} rank(s) per node (torchrun --nproc-per-node={count}) or pass device=cpu")
+        raise ValueError(
+            f"LOCAL_RANK={local_rank} but {count} GPU(s) are visible on this node: launch at most "
+            f"{count} rank(s) per node (torchrun --nproc-per-node={count}) or pass device=cpu"
+        )
     return torch.device("cuda", local_rank)
 
 
@@ -36,8 +39,9 @@ def default_device(backend: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(backend: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
-                     device: torch.device | str | None = None) -> torch.device:
+def init_distributed(
+    backend: str | None = None, *, timeout: float = DEFAULT_TIMEOUT, device: torch.device | str | None = None
+) -> torch.device:
     """Join the process group from the environment (torchrun's RANK, WORLD_SIZE, MASTER_ADDR,
     MASTER_PORT, LOCAL_RANK) with a short timeout; returns this rank's device.
 
@@ -58,8 +62,11 @@ def init_distributed(backend: str | None = None, *, timeout: float = DEFAULT_TIM
 
 def fail(err: BaseException, code: int = 1) -> None:
     """Print a pipeline failure to stderr and end the process at once (no hanging in teardown)."""
-    print(str(err) if isinstance(err, PipelineError) else f"petra: {type(err).__name__}: {err}",
-          file=sys.stderr, flush=True)
+    print(
+        str(err) if isinstance(err, PipelineError) else f"petra: {type(err).__name__}: {err}",
+        file=sys.stderr,
+        flush=True,
+    )
     os._exit(code)
 
 
@@ -70,9 +77,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_local(argv: Sequence[str], nprocs: int, *, timeout: float | None = None, env: dict | None = None,
-                 capture: bool = False, module: str = "petra_core.cli",
-                 script: str | None = None) -> list[subprocess.Popen]:
+def launch_local(
+    argv: Sequence[str],
+    nprocs: int,
+    *,
+    timeout: float | None = None,
+    env: dict | None = None,
+    capture: bool = False,
+    module: str = "petra_core.cli",
+    script: str | None = None,
+) -> list[subprocess.Popen]:
     """Run ``python -m MODULE ARGV`` (or ``python SCRIPT ARGV``) as ``nprocs`` ranks on 127.0.0.1 and
     wait for them.
 
@@ -82,13 +96,22 @@ def launch_local(argv: Sequence[str], nprocs: int, *, timeout: float | None = No
     running after ``timeout`` seconds are killed. With ``capture`` each process gets ``.out`` and
     ``.err`` (its output); every process gets ``.ended`` (time.monotonic() when it exited).
     """
-    store = dist.TCPStore("127.0.0.1", 0, nprocs, True, datetime.timedelta(seconds=max(timeout or 0, 600)),
-                          wait_for_workers=False)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, nprocs, True, datetime.timedelta(seconds=max(timeout or 0, 600)), wait_for_workers=False
+    )
     procs = []
     for rank in range(nprocs):
-        e = dict(os.environ, **(env or {}), RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(rank),
-                 LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
-                 TORCHELASTIC_USE_AGENT_STORE="True")
+        e = dict(
+            os.environ,
+            **(env or {}),
+            RANK=str(rank),
+            WORLD_SIZE=str(nprocs),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(nprocs),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(store.port),
+            TORCHELASTIC_USE_AGENT_STORE="True",
+        )
         pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) if capture else {}
         program = [script] if script is not None else ["-m", module]
         procs.append(subprocess.Popen([sys.executable, *program, *argv], env=e, **pipes))
@@ -97,6 +120,7 @@ def launch_local(argv: Sequence[str], nprocs: int, *, timeout: float | None = No
         for p in procs:
             p.out, p.err = "", ""
             for name in ("out", "err"):
+
                 def read(p=p, name=name):
                     setattr(p, name, getattr(p, "std" + name).read())
 
@@ -121,4 +145,3 @@ def launch_local(argv: Sequence[str], nprocs: int, *, timeout: float | None = No
         th.join(10)
     del store
     return procs
-

@@ -1,5 +1,6 @@
 """What stages send each other. Forward: activation (+ labels, for the head). Backward: δ, and
 the activation itself when the receiving stage rebuilds its input from its output (PETRA)."""
+
 from __future__ import annotations
 
 import copy
@@ -29,6 +30,7 @@ class BackwardMsg:
 def saved(msg) -> dict:
     """``msg``'s fields for a checkpoint, as copies and without a graph (a resumed run's stages
     start from separate graphs, which give the same gradients)."""
+
     def copied(v):
         return copy.deepcopy(streams.apply(Tensor.detach, v) if isinstance(v, Tensor) or streams.is_pair(v) else v)
 

@@ -3,10 +3,12 @@
 A :class:`~petra_core.engine.pipeline.Pipeline` calls every observer in ``pipeline.observers``
 around each phase of each stage copy: ``before(phase, worker, mb)`` and ``after(phase, worker,
 mb)``, where ``phase`` is one of :data:`PHASES` (``send``: handing a message to the world);
-``sent(worker, direction, msg)`` after each message it hands to the world, and ``fetched(replica, mb, batch)`` when stage 0 of a replica gets
+``sent(worker, direction, msg)`` after each message it hands to the world, and
+``fetched(replica, mb, batch)`` when stage 0 of a replica gets
 minibatch ``mb`` (the global minibatch id). ``mb`` is the worker's own (per-replica) minibatch,
 None for a step. Observers read; they never change a value, an order or a decision of the run.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

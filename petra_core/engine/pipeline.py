@@ -12,6 +12,7 @@ Replica r's minibatch t is minibatch ``t * R + r`` of the run's one stream (``ge
 replicas' shards are disjoint and deterministic, and R replicas of batch b see exactly what one
 replica accumulating R minibatches sees.
 """
+
 from __future__ import annotations
 
 import time
@@ -30,8 +31,13 @@ from .schedule import Action, Schedule
 from .worker import HeadRecord, StageWorker
 
 
-def run_stage_tick(worker: StageWorker, action: Action, world, fetch: Callable[[int, int], tuple] | None,
-                   observers: Sequence[Observer] = ()) -> None:
+def run_stage_tick(
+    worker: StageWorker,
+    action: Action,
+    world,
+    fetch: Callable[[int, int], tuple] | None,
+    observers: Sequence[Observer] = (),
+) -> None:
     """One tick of one stage copy: forward (receive, compute, send: with its graph where the next
     stage joins it, unless an observer watches each stage's own backward), then backward (receive,
     rebuild, backpropagate, send). ``fetch(replica, mb)`` gives stage 0 its minibatch."""
@@ -70,9 +76,19 @@ class Pipeline:
     ``model`` and ``workers`` are those of this process's first replica.
     """
 
-    def __init__(self, replicas: list[Replica], schedule: Schedule, world, *, get_batch: GetBatch | None,
-                 method: Method, rule: ReplicaRule | None = None, stage_costs: list[float] | None = None,
-                 sync_timing: bool = False, offset: int = 0):
+    def __init__(
+        self,
+        replicas: list[Replica],
+        schedule: Schedule,
+        world,
+        *,
+        get_batch: GetBatch | None,
+        method: Method,
+        rule: ReplicaRule | None = None,
+        stage_costs: list[float] | None = None,
+        sync_timing: bool = False,
+        offset: int = 0,
+    ):
         retain_freed_memory()  # every tick frees and reallocates activation-sized buffers (host_memory.py)
         self.replicas, self.schedule, self.world = replicas, schedule, world
         self.get_batch, self.method, self.rule, self.stage_costs = get_batch, method, get_rule(rule), stage_costs
@@ -195,7 +211,7 @@ class Pipeline:
             self.rule.after_step(copies, group)
 
     def complete_steps(self) -> None:
-        """Take every step still waiting for the replicas' exchange or the period's end (before the weights are read)."""
+        """Take every step still waiting for the replicas' exchange or the period's end (before weights are read)."""
         if self.deferred:
             self._take_deferred_steps()
         for key in sorted(self.waiting):
@@ -204,7 +220,7 @@ class Pipeline:
         for worker in (w for rep in self.replicas for w in rep.workers):
             self.rule.settle(worker, self.world.replica_group(worker.index))
 
-    def run(self, ticks: int | None = None) -> "Pipeline":
+    def run(self, ticks: int | None = None) -> Pipeline:
         end = self.num_ticks if ticks is None else min(self.tick + ticks, self.num_ticks)
         while self.tick < end:
             self.advance()
@@ -225,8 +241,9 @@ class Pipeline:
         R = self.world.mesh.replicas
         if len(self.replicas) == 1 and R == 1:
             return self.workers[-1].head_log.records()
-        records = [r._replace(mb=r.mb * R + rep.index) for rep in self.replicas
-                   for r in rep.workers[-1].head_log.records()]
+        records = [
+            r._replace(mb=r.mb * R + rep.index) for rep in self.replicas for r in rep.workers[-1].head_log.records()
+        ]
         return sorted(records, key=lambda r: r.mb)
 
     # ---- gathers (collective: every rank calls them, in the same order) --------------------------
@@ -238,8 +255,9 @@ class Pipeline:
         """{stage index: state_dict} of this process's stages of ``replica`` (default: its first)."""
         self.complete_steps()
         rep = self.replicas[0] if replica is None else next(r for r in self.replicas if r.index == replica)
-        return {j: {k: (v.detach().cpu() if cpu else v) for k, v in rep.model[j].state_dict().items()}
-                for j in self.stages}
+        return {
+            j: {k: (v.detach().cpu() if cpu else v) for k, v in rep.model[j].state_dict().items()} for j in self.stages
+        }
 
     def gather_state_dict(self, dst: int = 0) -> dict[str, Tensor] | None:
         """Replica 0's whole model state_dict (keys as ``model.state_dict()``) on rank ``dst``. In
@@ -267,8 +285,9 @@ class Pipeline:
         for part in parts:
             for r, stages in part.items():
                 merged.setdefault(r, {}).update(stages)
-        return [{f"{j}.{k}": v for j in range(len(self.model)) for k, v in merged[r][j].items()}
-                for r in sorted(merged)]
+        return [
+            {f"{j}.{k}": v for j in range(len(self.model)) for k, v in merged[r][j].items()} for r in sorted(merged)
+        ]
 
     def _groups(self) -> list:
         """This process's replica groups, each once, in stage order."""
@@ -292,11 +311,16 @@ class Pipeline:
 
         self.complete_steps()
         mesh = self.world.mesh
-        return {"tick": self.tick, "rank": self.rank, "mesh": [mesh.replicas, mesh.positions],
-                "placement": format_placement(self.world.placement),
-                "replicas": {rep.index: {w.index: w.state_dict() for w in rep.workers} for rep in self.replicas},
-                "rule": self.rule.state_dict(), "world": self.world.state_dict(),
-                "floats_sent": [getattr(g, "floats_sent", 0) for g in self._groups()]}
+        return {
+            "tick": self.tick,
+            "rank": self.rank,
+            "mesh": [mesh.replicas, mesh.positions],
+            "placement": format_placement(self.world.placement),
+            "replicas": {rep.index: {w.index: w.state_dict() for w in rep.workers} for rep in self.replicas},
+            "rule": self.rule.state_dict(),
+            "world": self.world.state_dict(),
+            "floats_sent": [getattr(g, "floats_sent", 0) for g in self._groups()],
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` on a fresh pipeline (after loading the stages' weights)."""
@@ -305,11 +329,15 @@ class Pipeline:
         state = _upgrade(state, format_placement(self.world.placement))
         mesh = self.world.mesh
         if (tuple(state["mesh"]), state["rank"]) != ((mesh.replicas, mesh.positions), self.rank):
-            raise ValueError(f"checkpoint of rank {state['rank']} of a {state['mesh'][0]}x{state['mesh'][1]} mesh "
-                             f"(replicas x pipeline positions) cannot be loaded on rank {self.rank} of {mesh}")
+            raise ValueError(
+                f"checkpoint of rank {state['rank']} of a {state['mesh'][0]}x{state['mesh'][1]} mesh "
+                f"(replicas x pipeline positions) cannot be loaded on rank {self.rank} of {mesh}"
+            )
         if state["placement"] != format_placement(self.world.placement):
-            raise ValueError(f"checkpoint placement {state['placement']} differs from this run's "
-                             f"{format_placement(self.world.placement)}")
+            raise ValueError(
+                f"checkpoint placement {state['placement']} differs from this run's "
+                f"{format_placement(self.world.placement)}"
+            )
         self.tick = state["tick"]
         for rep in self.replicas:
             for worker in rep.workers:
@@ -324,8 +352,14 @@ class Pipeline:
 def _upgrade(state: dict, placement: str) -> dict:
     """A pipeline state written by an older petra, in today's layout (one replica)."""
     if "transport" in state:  # petra 0.1's simulator
-        state = {**state, "world": state["transport"], "workers": dict(enumerate(state["workers"])),
-                 "rank": 0, "world_size": 1, "placement": placement}
+        state = {
+            **state,
+            "world": state["transport"],
+            "workers": dict(enumerate(state["workers"])),
+            "rank": 0,
+            "world_size": 1,
+            "placement": placement,
+        }
     if "replicas" not in state:  # before the mesh: one replica, a pipeline of world_size ranks
         state = {**state, "mesh": [1, state["world_size"]], "replicas": {0: state["workers"]}}
     return state

@@ -13,6 +13,7 @@ data) and the last rank owns the head. Three ways to choose:
 Everything here is a pure function (``balanced`` splits stage costs measured elsewhere:
 :func:`petra_core.accounting.measure_stage_costs`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -34,8 +35,10 @@ def check_placement(ranges: Sequence[range], num_stages: int, num_ranks: int) ->
             )
         expected = r.stop
     if expected != num_stages:
-        raise ValueError(f"placement {format_placement(ranges)} covers stages 0-{expected - 1}, the model has "
-                         f"{num_stages} (0-{num_stages - 1})")
+        raise ValueError(
+            f"placement {format_placement(ranges)} covers stages 0-{expected - 1}, the model has "
+            f"{num_stages} (0-{num_stages - 1})"
+        )
     return ranges
 
 
@@ -103,8 +106,9 @@ def partition_contiguous(costs: Sequence[float], num_ranks: int) -> list[range]:
     return ranges[::-1]
 
 
-def parse_placement(spec: PlacementSpec, num_stages: int, num_ranks: int,
-                    costs: Sequence[float] | None = None) -> list[range]:
+def parse_placement(
+    spec: PlacementSpec, num_stages: int, num_ranks: int, costs: Sequence[float] | None = None
+) -> list[range]:
     """Turn a placement spec into validated ranges. ``"balanced"`` needs ``costs``."""
     if isinstance(spec, str):
         s = spec.strip()
@@ -123,7 +127,8 @@ def parse_placement(spec: PlacementSpec, num_stages: int, num_ranks: int,
                 lo, hi = int(a), int(b) if b else int(a)
             except ValueError:
                 raise ValueError(
-                    f"bad placement {spec!r}: expected 'even', 'balanced' or ranges like '0-3,4-9'") from None
+                    f"bad placement {spec!r}: expected 'even', 'balanced' or ranges like '0-3,4-9'"
+                ) from None
             ranges.append(range(lo, hi + 1))
         return check_placement(ranges, num_stages, num_ranks)
     return check_placement(list(spec), num_stages, num_ranks)

@@ -11,6 +11,7 @@ occupies ticks [m·P, (m+1)·P) with P = 2J − 1, so no stage ever sees a stale
 
 The runner (in one process or many), the memory accounting and the tests all read this module.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

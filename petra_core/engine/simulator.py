@@ -1,6 +1,7 @@
 """The single-process simulator: the :class:`~petra_core.engine.pipeline.Pipeline` of every replica
 and stage in a :class:`~petra_core.engine.world.LocalWorld` (in-process FIFOs; the same per-stage
 code)."""
+
 from __future__ import annotations
 
 from ..methods import Method
@@ -37,21 +38,48 @@ class Simulator(Pipeline):
         world: LocalWorld | None = None,
     ):
         world = world if world is not None else LocalWorld(replicas=replicas)
-        super().__init__(**assemble(model, method, world, num_batches=num_batches,
-                                    get_batch=get_batch, batch_size=batch_size, k=k, recipe=recipe,
-                                    batches_per_epoch=batches_per_epoch, rule=rule), offset=offset)
+        super().__init__(
+            **assemble(
+                model,
+                method,
+                world,
+                num_batches=num_batches,
+                get_batch=get_batch,
+                batch_size=batch_size,
+                k=k,
+                recipe=recipe,
+                batches_per_epoch=batches_per_epoch,
+                rule=rule,
+            ),
+            offset=offset,
+        )
 
 
-def simulate(model: StagedModel, method: str | Method, batches, *, k: int = 1, recipe: Recipe = Recipe(),
-             batches_per_epoch: float | None = None, replicas: int = 1, rule: str | ReplicaRule | None = None
-             ) -> Simulator:
+def simulate(
+    model: StagedModel,
+    method: str | Method,
+    batches,
+    *,
+    k: int = 1,
+    recipe: Recipe = Recipe(),
+    batches_per_epoch: float | None = None,
+    replicas: int = 1,
+    rule: str | ReplicaRule | None = None,
+) -> Simulator:
     """Train ``model`` in place with ``method`` on a list of (images, labels) minibatches (with
     ``replicas``, shared out in turn: each replica trains on len(batches) // replicas of them)."""
     batches = list(batches)
     if len(batches) < replicas:
         raise ValueError(f"simulate needs at least one minibatch per replica, got {len(batches)} for {replicas}")
     return Simulator(
-        model, method, num_batches=len(batches) // replicas, get_batch=batches.__getitem__,
-        batch_size=len(batches[0][1]), k=k, recipe=recipe, batches_per_epoch=batches_per_epoch,
-        replicas=replicas, rule=rule,
+        model,
+        method,
+        num_batches=len(batches) // replicas,
+        get_batch=batches.__getitem__,
+        batch_size=len(batches[0][1]),
+        k=k,
+        recipe=recipe,
+        batches_per_epoch=batches_per_epoch,
+        replicas=replicas,
+        rule=rule,
     ).run()

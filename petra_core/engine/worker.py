@@ -9,6 +9,7 @@ between forward and backward, and how gradients reach its weights, is its storag
 business. Nothing here waits for the device: the head keeps its
 loss on the device (:class:`HeadLog`) and inputs from another GPU are copied asynchronously.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -22,8 +23,8 @@ from ..methods import StoragePolicy
 from ..models import streams
 from ..models.stage import LocalGraph, Stage
 from ..models.streams import Activation
-from .messages import BackwardMsg, ForwardMsg
 from ..precision import check_precision, compute, widen
+from .messages import BackwardMsg, ForwardMsg
 
 
 class HeadRecord(NamedTuple):
@@ -50,8 +51,9 @@ class HeadLog:
         if self._unread:
             losses = torch.stack([loss for _, loss, _, _ in self._unread])
             values = torch.stack([losses, torch.stack([c for _, _, c, _ in self._unread]).to(losses.dtype)]).tolist()
-            self._read += [HeadRecord(mb, loss, int(correct), n)
-                           for (mb, _, _, n), loss, correct in zip(self._unread, *values)]
+            self._read += [
+                HeadRecord(mb, loss, int(correct), n) for (mb, _, _, n), loss, correct in zip(self._unread, *values)
+            ]
             self._unread.clear()
         return self._read
 
@@ -131,8 +133,10 @@ class StageWorker:
             self.head_log.add(mb, loss.detach(), (logits.detach().argmax(1) == labels).sum(), len(labels))
         else:
             if self.gradient_in and (msg is None or msg.mb != mb):
-                raise RuntimeError(f"stage {self.index}: expected the gradient of minibatch {mb}, got "
-                                   f"{None if msg is None else msg.mb}")
+                raise RuntimeError(
+                    f"stage {self.index}: expected the gradient of minibatch {mb}, got "
+                    f"{None if msg is None else msg.mb}"
+                )
             if not self.gradient_in:
                 self.storage.backward(self.stage, graph, None, labels, self.k, self.params)
             elif msg.grad is not None:  # None: the next stage's graph joined this one, whose backward has run
@@ -183,11 +187,14 @@ class StageWorker:
     def state_dict(self) -> dict:
         """Everything of this stage that is not in the model's own state_dict."""
         return {
-            "steps": self.steps, "pending": self.pending, "labels": dict(self.labels),
+            "steps": self.steps,
+            "pending": self.pending,
+            "labels": dict(self.labels),
             "head_log": self.head_log.state_dict() if self.head_log is not None else [],
             "peak_kept": dict(self.peak_kept),
             "grads": [None if p.grad is None else p.grad.clone() for p in self.params],
-            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
             "storage": self.storage.state_dict(),
         }
 

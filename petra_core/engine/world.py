@@ -9,6 +9,7 @@ meet in a :class:`~petra_core.replicas.ReplicaGroup`. Over the whole world: gath
 ``together``, ``agree`` at a tick boundary, and what a failure becomes. :class:`LocalWorld` holds
 every cell in one process (the simulator); ``DistributedWorld``, one cell per rank (torch.distributed).
 """
+
 from __future__ import annotations
 
 import dataclasses

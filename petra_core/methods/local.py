@@ -20,6 +20,7 @@ not held between forward and backward.
   weight space, this projects per parameter tensor over the minibatch (per-sample weight
   gradients of batch-normalised convolutions are neither cheap nor well defined).
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,6 +44,7 @@ def project(target: Tensor, guess: Tensor) -> Tensor:
 def project_per_sample(target: Activation, guess: Activation) -> Activation:
     """The projection of each sample's ``target`` (first dimension) on its ``guess``; a pair of
     streams is one vector per sample (both streams' entries)."""
+
     def per_sample(a: Tensor, b: Tensor) -> Tensor:
         return (a * b).flatten(1).sum(1)
 
@@ -76,8 +78,9 @@ class LocalLoss(KeepGraph):
     gradient_out = False  # ... and none goes to the previous one
     joins = False
 
-    def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor | None, labels: Tensor, k: int,
-                 params=None) -> None:
+    def backward(
+        self, stage: Stage, graph: LocalGraph, grad: Tensor | None, labels: Tensor, k: int, params=None
+    ) -> None:
         (F.cross_entropy(stage.aux(widen(streams.join(graph.output))), labels) / k).backward()
 
 
@@ -88,20 +91,32 @@ class ForwardGradient(KeepGraph):
     space = "weight"
     joins = False  # its backward projects the output's gradient: the true one must arrive
 
-    def guess(self, stage: Stage, graph: LocalGraph, labels: Tensor, k: int, wrt: list[Tensor],
-              target: list[Tensor], output: Activation | None = None) -> list[Tensor]:
+    def guess(
+        self,
+        stage: Stage,
+        graph: LocalGraph,
+        labels: Tensor,
+        k: int,
+        wrt: list[Tensor],
+        target: list[Tensor],
+        output: Activation | None = None,
+    ) -> list[Tensor]:
         """The guessed directions for ``wrt``: the gradients of the stage's local loss (``target``,
         the true gradients, is not looked at: a test may guess it exactly). The auxiliary head's
         own parameters get their gradients (the head learns from its loss). ``output``: the stage's
         output as the loss reads it (default: the graph's)."""
         head = list(stage.aux.parameters())
         output = graph.output if output is None else output
-        grads = torch.autograd.grad(F.cross_entropy(stage.aux(widen(streams.join(output))), labels) / k, [*wrt, *head],
-                                    retain_graph=True, allow_unused=True)
-        for p, g in zip(head, grads[len(wrt):]):
+        grads = torch.autograd.grad(
+            F.cross_entropy(stage.aux(widen(streams.join(output))), labels) / k,
+            [*wrt, *head],
+            retain_graph=True,
+            allow_unused=True,
+        )
+        for p, g in zip(head, grads[len(wrt) :]):
             if g is not None:
                 p.grad = g if p.grad is None else p.grad + g
-        return [torch.zeros_like(w) if g is None else g for w, g in zip(wrt, grads[:len(wrt)])]
+        return [torch.zeros_like(w) if g is None else g for w, g in zip(wrt, grads[: len(wrt)])]
 
     def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor, labels: Tensor, k: int, params=None) -> None:
         heads = {id(q) for q in stage.aux.parameters()}
@@ -119,9 +134,9 @@ class ForwardGradient(KeepGraph):
                 torch.autograd.backward(outputs, true_out, inputs=leaves)
             return
         true = torch.autograd.grad(outputs, [*params, *leaves], true_out, retain_graph=True, allow_unused=True)
-        for leaf, g in zip(leaves, true[len(params):]):
+        for leaf, g in zip(leaves, true[len(params) :]):
             leaf.grad = g
-        true = [torch.zeros_like(p) if g is None else g for p, g in zip(params, true[:len(params)])]
+        true = [torch.zeros_like(p) if g is None else g for p, g in zip(params, true[: len(params)])]
         for p, g, u in zip(params, true, self.guess(stage, graph, labels, k, params, true, output=y)):
             p.grad = project(g, u) if p.grad is None else p.grad + project(g, u)
 

@@ -21,6 +21,7 @@ auxiliary heads, ``aux_head``); they are not in the PETRA paper's tables.
 PETRA and reversible backprop need reversible stages: on a ResNet they are refused (a ResNet
 under "PETRA" would buffer every input, which is DSP — ask for ``dsp``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,20 +62,66 @@ METHODS: dict[str, Method] = {
     m.name: m
     for m in (
         Method("backprop", "sequential", KeepGraph, KeepGraph, False, "end-to-end backpropagation"),
-        Method("revbackprop", "sequential", Reconstruct, KeepInput, True,
-               "backpropagation that recomputes reversible stages' inputs from their outputs"),
-        Method("delayed", "pipelined", StashWeights, StashWeights, False,
-               "delayed gradients with activation and weight stashing (PipeDream-like)"),
-        Method("dsp", "pipelined", KeepInput, KeepInput, False,
-               "delayed gradients with input buffers and recomputation on current weights"),
-        Method("petra", "pipelined", Reconstruct, KeepInput, True,
-               "PETRA: reversible stages rebuild their input with current weights, keep nothing"),
-        Method("local", "sequential", LocalLoss, LocalLoss, False,
-               "local learning: each stage learns from its own auxiliary head", head=LocalHead, needs_aux=True),
-        Method("fg-local-w", "sequential", ForwardGradientWeight, ForwardGradientWeight, False,
-               "forward gradient, local guess, weight space (Fournier et al. 2023)", needs_aux=True),
-        Method("fg-local-a", "sequential", ForwardGradientActivity, ForwardGradientActivity, False,
-               "forward gradient, local guess, activity space (Fournier et al. 2023)", needs_aux=True),
+        Method(
+            "revbackprop",
+            "sequential",
+            Reconstruct,
+            KeepInput,
+            True,
+            "backpropagation that recomputes reversible stages' inputs from their outputs",
+        ),
+        Method(
+            "delayed",
+            "pipelined",
+            StashWeights,
+            StashWeights,
+            False,
+            "delayed gradients with activation and weight stashing (PipeDream-like)",
+        ),
+        Method(
+            "dsp",
+            "pipelined",
+            KeepInput,
+            KeepInput,
+            False,
+            "delayed gradients with input buffers and recomputation on current weights",
+        ),
+        Method(
+            "petra",
+            "pipelined",
+            Reconstruct,
+            KeepInput,
+            True,
+            "PETRA: reversible stages rebuild their input with current weights, keep nothing",
+        ),
+        Method(
+            "local",
+            "sequential",
+            LocalLoss,
+            LocalLoss,
+            False,
+            "local learning: each stage learns from its own auxiliary head",
+            head=LocalHead,
+            needs_aux=True,
+        ),
+        Method(
+            "fg-local-w",
+            "sequential",
+            ForwardGradientWeight,
+            ForwardGradientWeight,
+            False,
+            "forward gradient, local guess, weight space (Fournier et al. 2023)",
+            needs_aux=True,
+        ),
+        Method(
+            "fg-local-a",
+            "sequential",
+            ForwardGradientActivity,
+            ForwardGradientActivity,
+            False,
+            "forward gradient, local guess, activity space (Fournier et al. 2023)",
+            needs_aux=True,
+        ),
     )
 }
 
@@ -91,8 +138,10 @@ def check_method_fits(method: Method, model) -> None:
     """PETRA and reversible backprop are refused on models without reversible stages; local
     learning on models without auxiliary heads."""
     if method.needs_aux and not getattr(model, "has_aux_heads", False):
-        raise ValueError(f"method {method.name!r} trains stages from auxiliary heads, and this model has none; "
-                         f"build it with aux_head='cnn' or 'linear' (petra train: aux_head=cnn)")
+        raise ValueError(
+            f"method {method.name!r} trains stages from auxiliary heads, and this model has none; "
+            f"build it with aux_head='cnn' or 'linear' (petra train: aux_head=cnn)"
+        )
     if method.needs_reversible and not any(stage.reversible for stage in model):
         allowed = [m.name for m in METHODS.values() if not m.needs_reversible]
         raise ValueError(

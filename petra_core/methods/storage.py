@@ -19,6 +19,7 @@ The policies:
 * :class:`Reconstruct` — keep nothing; rebuild the input from the output the next stage sends
   back, with the current weights (reversible stages under PETRA and reversible backprop).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -54,8 +55,15 @@ class StoragePolicy:
     def local_graph(self, stage: Stage, mb: int, output: Tensor | None, *, input_grad: bool) -> LocalGraph:
         raise NotImplementedError
 
-    def backward(self, stage: Stage, graph: LocalGraph, grad: Tensor | None, labels: Tensor | None, k: int,
-                 params: Sequence[Tensor] | None = None) -> None:
+    def backward(
+        self,
+        stage: Stage,
+        graph: LocalGraph,
+        grad: Tensor | None,
+        labels: Tensor | None,
+        k: int,
+        params: Sequence[Tensor] | None = None,
+    ) -> None:
         """Backpropagate into the stage's parameters (and its input leaves, if they need a gradient).
         ``params``: the stage's parameters as its worker lists them once (walking the modules each
         backward costs more than a small stage's kernels); listed here if not given."""
@@ -122,8 +130,11 @@ class KeepGraph(StoragePolicy):
         # what autograd saves depends only on the input's kind, shapes and dtypes (a stage's code,
         # placement and precision are fixed): measure it once per such signature, with hooks that
         # see every saved tensor, and run the later forwards of that signature without them
-        signature = (tuple((t.shape, t.dtype, t.requires_grad) for t in streams.tensors(leaf)),
-                     weights is None, _autocast(streams.device(leaf).type))
+        signature = (
+            tuple((t.shape, t.dtype, t.requires_grad) for t in streams.tensors(leaf)),
+            weights is None,
+            _autocast(streams.device(leaf).type),
+        )
         graph_bytes = self._graph_bytes.get(signature)
         if graph_bytes is None:
             y, graph_bytes = self._measured_forward(stage, leaf, weights)
@@ -169,14 +180,18 @@ class KeepGraph(StoragePolicy):
 
     def state_dict(self):
         # a graph cannot be saved: keep its input and weight version, rebuild it on load
-        return {"records": {mb: {"x": r.x, "version": r.version, "input_grad": r.input_grad}
-                            for mb, r in self.records.items()},
-                "stashes": {v: {n: w.detach() for n, w in ws.items()} for v, ws in self.stashes.items()}}
+        return {
+            "records": {
+                mb: {"x": r.x, "version": r.version, "input_grad": r.input_grad} for mb, r in self.records.items()
+            },
+            "stashes": {v: {n: w.detach() for n, w in ws.items()} for v, ws in self.stashes.items()},
+        }
 
     def load_state_dict(self, stage, state):
         self.records.clear()
-        self.stashes = {v: {n: w.clone().requires_grad_(True) for n, w in ws.items()}
-                        for v, ws in state["stashes"].items()}
+        self.stashes = {
+            v: {n: w.clone().requires_grad_(True) for n, w in ws.items()} for v, ws in state["stashes"].items()
+        }
         with frozen_running_stats(stage):  # the forward already updated them before the checkpoint
             for mb in sorted(state["records"]):
                 r = state["records"][mb]

@@ -11,6 +11,7 @@ Heads are small by design, as the authors of "Can Forward Gradient Match Backpro
 A head is a stage's submodule (``stage.aux``), so the stage's optimizer and checkpoints carry it;
 the stage's own forward never runs it, and a model built without heads is the model as before.
 """
+
 from __future__ import annotations
 
 from torch import Tensor, nn
@@ -25,12 +26,20 @@ class AuxHead(nn.Module):
             raise ValueError(f"unknown auxiliary head {kind!r}; allowed: {', '.join(AUX_HEADS)}")
         if kind == "cnn":
             self.body = nn.Sequential(
-                nn.Conv2d(c_in, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU(inplace=True),
-                nn.Conv2d(hidden, hidden, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(hidden),
-                nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(1), nn.Linear(hidden, num_classes))
+                nn.Conv2d(c_in, hidden, 1, bias=False),
+                nn.BatchNorm2d(hidden),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(hidden, hidden, 3, stride=2, padding=1, bias=False),
+                nn.BatchNorm2d(hidden),
+                nn.ReLU(inplace=True),
+                nn.AdaptiveAvgPool2d(1),
+                nn.Flatten(1),
+                nn.Linear(hidden, num_classes),
+            )
         else:
-            self.body = nn.Sequential(nn.BatchNorm2d(c_in), nn.AdaptiveAvgPool2d(1), nn.Flatten(1),
-                                      nn.Linear(c_in, num_classes))
+            self.body = nn.Sequential(
+                nn.BatchNorm2d(c_in), nn.AdaptiveAvgPool2d(1), nn.Flatten(1), nn.Linear(c_in, num_classes)
+            )
 
     def forward(self, h: Tensor) -> Tensor:
         return self.body(h)  # a RevNet's two streams side by side (``streams.join``)

@@ -6,6 +6,7 @@ head pools both. Design facts (which block is invertible,
 where projections sit) follow ``docs/architecture.md``, Blocks; the residual branch F ends with
 a ReLU, as in the authors' models.
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """Validation of :func:`build_model` arguments: one-line errors that list what is allowed."""
+
 from __future__ import annotations
 
 from .specs import ARCHS, STEMS

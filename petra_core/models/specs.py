@@ -5,6 +5,7 @@ resolution groups, and whether it is the reversible (RevNet) variant. Everything
 (channel widths, which blocks downsample, stage kinds) is derived from these rows in
 :mod:`petra_core.models.staged`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -11,6 +11,7 @@ Training methods never look inside a stage. They need three things from it:
 
 Both return a :class:`LocalGraph`, so the engine backpropagates through every stage the same way.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -23,8 +24,9 @@ from . import streams
 from .streams import Activation
 
 
-def backpropagate(outputs: Sequence[Tensor], grads: Sequence[Tensor | None], leaves: Sequence[Tensor],
-                  params: Sequence[Tensor]) -> None:
+def backpropagate(
+    outputs: Sequence[Tensor], grads: Sequence[Tensor | None], leaves: Sequence[Tensor], params: Sequence[Tensor]
+) -> None:
     """``grads`` of ``outputs`` into the ``.grad`` of ``leaves`` and ``params``, as
     ``torch.autograd.backward`` would put them there, but without its copy of a leaf's gradient that
     the caller still holds: a coupling hands the next stage's δ_y to its input x̃ as is, and a

@@ -1,4 +1,5 @@
 """Build a staged model from the spec table: stem, one stage per residual block, head."""
+
 from __future__ import annotations
 
 from torch import nn
@@ -24,7 +25,7 @@ class StagedModel(nn.Sequential):
         for stage in self:
             device = next((t.device for t in stage.parameters()), None)
             if device is not None and streams.device(x) != device:
-                x = streams.apply(lambda t: t.to(device, non_blocking=True), x)
+                x = streams.apply(lambda t, d=device: t.to(d, non_blocking=True), x)
             x = stage(x)
         return x
 
@@ -74,8 +75,9 @@ def _blocks(spec: ArchSpec, width: int) -> list[tuple[Stage, int]]:
     return stages
 
 
-def build_model(arch: str, *, num_classes: int, stem: str = "cifar", width: int = 64,
-                aux_head: str | None = None) -> StagedModel:
+def build_model(
+    arch: str, *, num_classes: int, stem: str = "cifar", width: int = 64, aux_head: str | None = None
+) -> StagedModel:
     """Build ``arch`` as a staged model.
 
     ``width`` is the base channel count (64 = the paper's models); RevNets double every channel

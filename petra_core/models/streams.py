@@ -8,15 +8,15 @@ code keeps its streams apart for the same reason. Everything the engine does to 
 (detach it, move it, count its bytes, send it) goes through the functions here, so a stage's
 activation may be either kind.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Union
 
 import torch
 from torch import Tensor
 
-Activation = Union[Tensor, tuple[Tensor, ...]]
+Activation = Tensor | tuple[Tensor, ...]
 
 
 def is_pair(a) -> bool:
@@ -82,7 +82,9 @@ class _GradInOwnLayout(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor) -> Tensor:
         shape, stride = ctx.layout
-        return g if g.stride() == stride else torch.empty_strided(shape, stride, dtype=g.dtype, device=g.device).copy_(g)
+        return (
+            g if g.stride() == stride else torch.empty_strided(shape, stride, dtype=g.dtype, device=g.device).copy_(g)
+        )
 
 
 def attached(a: Activation) -> Activation:

@@ -9,9 +9,19 @@ mode on ranks: ``timing.py``) are the rules. :class:`ReplicaGroup` is what a rul
 R copies of one stage (collectives over the replica axis of the mesh), and ``REPLICA_RULES``
 lists the rules by name.
 """
+
 from .cdp import CDP1, CDP2, CyclicDataParallel
 from .registry import REPLICA_RULES, get_rule
 from .rule import DataParallel, ReplicaGroup, ReplicaRule, StageCopy
 
-__all__ = ["CDP1", "CDP2", "REPLICA_RULES", "CyclicDataParallel", "DataParallel", "ReplicaGroup", "ReplicaRule",
-           "StageCopy", "get_rule"]
+__all__ = [
+    "CDP1",
+    "CDP2",
+    "REPLICA_RULES",
+    "CyclicDataParallel",
+    "DataParallel",
+    "ReplicaGroup",
+    "ReplicaRule",
+    "StageCopy",
+    "get_rule",
+]

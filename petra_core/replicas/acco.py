@@ -32,12 +32,12 @@ on computing; the stage waits for a version only when its compute needs it. ACCO
 accumulates until communication is done (a variable count): that *timing mode* is
 ``petra_core.replicas.timing``, used by ``benchmarks/bench_acco.py``.
 """
+
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
 from .rule import ReplicaRule
@@ -102,8 +102,10 @@ class ShardedRule(ReplicaRule):
     # ---- the hooks of the replica-rule contract ------------------------------------------------------
     def check(self, *, schedule: str, k: int) -> None:
         if self.schedules is not None and schedule not in self.schedules:
-            raise ValueError(f"replica rule {self.name!r} runs on the {' or '.join(self.schedules)} schedule; the "
-                             f"method's is {schedule!r} (use backprop or revbackprop)")
+            raise ValueError(
+                f"replica rule {self.name!r} runs on the {' or '.join(self.schedules)} schedule; the "
+                f"method's is {schedule!r} (use backprop or revbackprop)"
+            )
 
     def contribute(self, copy, group) -> None:
         cell = self.cell(copy, group)
@@ -117,8 +119,11 @@ class ShardedRule(ReplicaRule):
         cell = self.cell(copy, group)
         wanted = self.wanted(copy)
         self.load(cell, wanted)
-        for key in [key for key in cell.versions  # what no one can want any more: past steps, and an
-                    if key[1] < copy.steps or (key[1] == copy.steps and key not in (wanted, ("theta", copy.steps)))]:
+        for key in [
+            key
+            for key in cell.versions  # what no one can want any more: past steps, and an
+            if key[1] < copy.steps or (key[1] == copy.steps and key not in (wanted, ("theta", copy.steps)))
+        ]:
             cell.versions.pop(key)  # acco's θ̃_t once its first half is done
         flat = cell.layout.replicas * cell.layout.S * cell.layout.params[0].element_size()
         cell.peak = max(cell.peak, flat * len(cell.versions))
@@ -167,8 +172,9 @@ class ShardedRule(ReplicaRule):
             for (_, version), result in zip(part.outputs, results):
                 cell.versions[version] = result
 
-    def run_round(self, group, stage: int, step: int, replicas: list[int], cells: list[Cell],
-                  parts: list[Ask]) -> list[Tensor]:
+    def run_round(
+        self, group, stage: int, step: int, replicas: list[int], cells: list[Cell], parts: list[Ask]
+    ) -> list[Tensor]:
         """Reduce-scatter, the shards' steps, all-gather: the flat weights of each output."""
         shards = group.reduce_scatter_mean([p.grad for p in parts])()
         made: list[list[Tensor]] = [[] for _ in parts[0].outputs]
@@ -219,10 +225,16 @@ class ShardedRule(ReplicaRule):
         if self.asks:
             raise RuntimeError("a checkpoint in the middle of a round (some replicas have not given their part)")
         self.drain()
-        return {key: {"shard": cell.shard.state_dict(), "loaded": cell.loaded, "peak": cell.peak,
-                      "versions": {k: v.detach().cpu() for k, v in cell.versions.items()},
-                      "tentative": cell.tentative}
-                for key, cell in self.cells.items()}
+        return {
+            key: {
+                "shard": cell.shard.state_dict(),
+                "loaded": cell.loaded,
+                "peak": cell.peak,
+                "versions": {k: v.detach().cpu() for k, v in cell.versions.items()},
+                "tentative": cell.tentative,
+            }
+            for key, cell in self.cells.items()
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self._saved = dict(state)  # the cells are built at first use (they need the copies' optimizers)
@@ -309,8 +321,10 @@ class ACCO(ShardedRule):
     def check(self, *, schedule: str, k: int) -> None:
         super().check(schedule=schedule, k=k)
         if k < 2:
-            raise ValueError(f"replica rule 'acco' needs k >= 2 micro-batches per step (half at the predicted "
-                             f"weights, half at the real ones), got k={k}")
+            raise ValueError(
+                f"replica rule 'acco' needs k >= 2 micro-batches per step (half at the predicted "
+                f"weights, half at the real ones), got k={k}"
+            )
 
     def initial(self, cell):
         cell.versions[("tilde", 0)] = cell.versions[("theta", 0)]

@@ -11,8 +11,8 @@ price of a delay of one step for some (replica, stage) cells. As in the authors'
 a cell that would use ḡ_{-1} (the first step) skips its update (the learning-rate schedule
 still advances, as the authors' per-epoch scheduler does). r is the replica and l the stage's
 group: the model's J stages cut into L contiguous groups (``stages=L``; sizes differ by at most
-one, the larger first, like the authors' split by count; default L = J, one group per stage). Under ``cdp2`` the replicas'
-weights drift apart (replicas r ≥ L − 1 are pure DP), and each computes its gradient on its own
+one, the larger first, like the authors' split by count; default L = J, one group per stage). Under
+``cdp2`` the replicas' weights drift apart (replicas r ≥ L − 1 are pure DP), and each computes its gradient on its own
 weights.
 
 With a pipelined method (PETRA, DSP, delayed gradients) the two delays compose: the gradient a
@@ -21,6 +21,7 @@ computed 2(J − 1 − j) ticks after its forward), and the cyclic rule then app
 later where the rule says ḡ_{t-1}: a delayed cell of stage j steps with the mean of the
 gradients its method produced for the previous group of k minibatches.
 """
+
 from __future__ import annotations
 
 from .rule import Exchanges, ReplicaRule, set_grads
@@ -38,7 +39,7 @@ class CyclicDataParallel(ReplicaRule):
     def groups(self, num_stages: int) -> tuple[int, list[int]]:
         """L, and the group of each of the model's ``num_stages`` stages."""
         L = num_stages if self.stages is None else self.stages
-        if L > num_stages:
+        if num_stages < L:
             raise ValueError(f"{self.name}: stages={L} groups cannot be cut from a model of {num_stages} stages")
         size, extra = divmod(num_stages, L)
         return L, [g for g in range(L) for _ in range(size + (g < extra))]

@@ -17,6 +17,7 @@ Every random draw comes from a generator seeded by (seed, step, stage), the same
 replica and rank, so the simulator and torch.distributed agree bit for bit and every replica
 selects the same entries.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -79,8 +80,9 @@ class PAPA(Population):
 
     name = "papa"
 
-    def __init__(self, rate: float = 0.01, every: int = 10, scale_with_lr: bool = True, init: str = "same",
-                 seed: int = 0):
+    def __init__(
+        self, rate: float = 0.01, every: int = 10, scale_with_lr: bool = True, init: str = "same", seed: int = 0
+    ):
         super().__init__(init, seed)
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"papa: rate={rate!r} is not allowed; allowed: 0 <= rate <= 1")
@@ -106,7 +108,7 @@ class PAPA(Population):
                 offset = 0
                 for t in state:
                     n = t.numel()
-                    target = mean[offset:offset + n].view(t.shape).to(t.dtype)
+                    target = mean[offset : offset + n].view(t.shape).to(t.dtype)
                     t.mul_(1.0 - lam).add_(target, alpha=lam)
                     offset += n
 
@@ -156,11 +158,15 @@ class WASH(Population):
             kinds = len(tensors[0][0])
             # positions in logical (row-major) order, as coordinates: the same scalar in every replica
             # and in its momentum, whatever their memory formats (channels-last weights)
-            index = [(i, torch.unravel_index(chosen.to(device), copies[0].params[i].shape), perms.to(device))
-                     for i, chosen, perms in selected]
+            index = [
+                (i, torch.unravel_index(chosen.to(device), copies[0].params[i].shape), perms.to(device))
+                for i, chosen, perms in selected
+            ]
             # one gather per stage and step: every selected scalar (and its momentum), in a fixed order
-            values = [torch.cat([tensors[c][i][w][at] for i, at, _ in index for w in range(kinds)])
-                      for c in range(len(copies))]
+            values = [
+                torch.cat([tensors[c][i][w][at] for i, at, _ in index for w in range(kinds)])
+                for c in range(len(copies))
+            ]
             everyone = group.all_gather(values)()  # (R, n)
             for c, copy in enumerate(copies):
                 offset = 0

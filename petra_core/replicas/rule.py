@@ -23,6 +23,7 @@ stage. In one process the group combines the local copies itself; on torch.distr
 replica axis of the device mesh. Both sum in replica order, so for R = 2 (a sum of two terms is
 exact in either order) the simulator and the ranks give the same bits.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -85,7 +86,7 @@ def set_grads(params: Sequence[nn.Parameter], flat: Tensor) -> None:
     offset = 0
     for p in params:
         n = p.numel()
-        value = flat[offset:offset + n].view(p.shape)
+        value = flat[offset : offset + n].view(p.shape)
         if p.grad is None:
             p.grad = value.clone(memory_format=torch.preserve_format)
         else:
@@ -111,8 +112,9 @@ class Exchanges:
         parts = self.parts.setdefault(key, {})
         parts[copy.replica] = flat_grads(copy.params)
         if len(parts) == group.local:
-            self.waits[key] = group.all_reduce_mean([parts[r] for r in sorted(parts)]) if group.size > 1 \
-                else no_exchange
+            self.waits[key] = (
+                group.all_reduce_mean([parts[r] for r in sorted(parts)]) if group.size > 1 else no_exchange
+            )
             for old in [k for k in self.parts if k[0] == copy.index and k[1] <= copy.steps - self.keep]:
                 self.parts.pop(old)
                 self.waits.pop(old, None)
@@ -125,8 +127,10 @@ class Exchanges:
         """The mean gradient of ``stage``'s step ``step`` (as ``replica`` holds it); waits for it."""
         key = (stage, step)
         if not self.launched(stage, step):
-            raise RuntimeError(f"stage {stage}: the mean gradient of step {step} is needed before every replica has "
-                               f"given its part (a cyclic offset this rule cannot absorb: a real system would stall)")
+            raise RuntimeError(
+                f"stage {stage}: the mean gradient of step {step} is needed before every replica has "
+                f"given its part (a cyclic offset this rule cannot absorb: a real system would stall)"
+            )
         if key in self.waits:
             self.waits.pop(key)()
             self.done.add(key)

@@ -15,6 +15,7 @@ checks both optimizers, on slices that cut tensors anywhere). A stage copy never
 optimizer under a sharded rule: that optimizer only carries the learning-rate schedule (its
 ``lr``), so it holds no state, and the per-replica optimizer state is the shard's alone.
 """
+
 from __future__ import annotations
 
 import copy as copying
@@ -71,7 +72,7 @@ class FlatLayout:
         offset = 0
         for p in self.params:
             n = p.numel()
-            p.copy_(flat[offset:offset + n].view(p.shape))
+            p.copy_(flat[offset : offset + n].view(p.shape))
             offset += n
 
 
@@ -90,8 +91,11 @@ class ShardedOptimizer:
             if lo < hi:
                 tensor = values[lo:hi].clone().requires_grad_(True)
                 self.pieces.append((gi, lo, hi))
-                settings = {k: v for k, v in optimizer.param_groups[gi].items()
-                            if k not in _NOT_SETTINGS and k in optimizer.defaults}
+                settings = {
+                    k: v
+                    for k, v in optimizer.param_groups[gi].items()
+                    if k not in _NOT_SETTINGS and k in optimizer.defaults
+                }
                 groups.append({"params": [tensor], **settings})
         self.tensors: list[Tensor] = [g["params"][0] for g in groups]
         # a replica whose slice is past the end (n < R) keeps nothing and steps nothing
@@ -116,7 +120,7 @@ class ShardedOptimizer:
         if self.optimizer is not None:
             for (gi, lo, hi), tensor, group in zip(self.pieces, self.tensors, self.optimizer.param_groups):
                 group["lr"] = lrs[gi]
-                tensor.grad = grad[lo - self.lo:hi - self.lo].clone()
+                tensor.grad = grad[lo - self.lo : hi - self.lo].clone()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return self.shard()
@@ -138,12 +142,18 @@ class ShardedOptimizer:
         """Bytes of optimizer state this replica keeps (momenta, Adam's moments and step counts)."""
         if self.optimizer is None:
             return 0
-        return sum(v.numel() * v.element_size() for s in self.optimizer.state.values() for v in s.values()
-                   if isinstance(v, Tensor))
+        return sum(
+            v.numel() * v.element_size()
+            for s in self.optimizer.state.values()
+            for v in s.values()
+            if isinstance(v, Tensor)
+        )
 
     def state_dict(self) -> dict:
-        return {"tensors": [t.detach().clone() for t in self.tensors],
-                "optimizer": None if self.optimizer is None else self.optimizer.state_dict()}
+        return {
+            "tensors": [t.detach().clone() for t in self.tensors],
+            "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
+        }
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:

@@ -15,12 +15,13 @@ ZeRO-1 (reduce-scatter, the shard's step, all-gather) beside it, timing every st
 * ``slow``: a rank that sleeps ``slow`` × its compute time after each micro-batch (a worker
   1 + ``slow`` times slower, as the paper emulates heterogeneous workers with sleeps).
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -80,8 +81,15 @@ class Worker:
     """This rank's model, its optimizer (unsharded, for DDP) and its shard (ZeRO-1, ACCO), and its
     stream of micro-batches."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, get_batch: Callable[[int], tuple],
-                 replicas: int, rank: int, slow: float = 0.0):
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        get_batch: Callable[[int], tuple],
+        replicas: int,
+        rank: int,
+        slow: float = 0.0,
+    ):
         self.model, self.optimizer, self.get_batch = model, optimizer, get_batch
         self.layout = FlatLayout(optimizer, replicas)
         self.shard = ShardedOptimizer(optimizer, self.layout, rank)

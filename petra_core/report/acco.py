@@ -7,6 +7,7 @@ are committed once the grid has run). *Early* is the first evaluated epoch at or
 training. Every row is a (model, optimizer, rule, options) group, mean ± sd over its seeds, with
 its gap to DDP (the ``zero1`` runs of the same model and optimizer; spreads added in quadrature).
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,12 @@ from .population import options_of
 
 RULES = {"zero1": "DDP (ZeRO-1)", "dpu": "DPU", "wp": "WP", "acco": "ACCO"}
 OPTIMIZERS = {"sgd": "SGD (Nesterov)", "adamw": "AdamW"}
-CELLS = {"early_train_loss": "train loss, early", "early_top1": "top-1, early", "train_loss": "train loss, end",
-         "top1": "top-1, end"}
+CELLS = {
+    "early_train_loss": "train loss, early",
+    "early_top1": "top-1, early",
+    "train_loss": "train loss, end",
+    "top1": "top-1, end",
+}
 EARLY = 0.1  # of training
 
 
@@ -45,14 +50,23 @@ def run_frame(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
         early = evaluated[evaluated.epoch >= EARLY * epochs]
         e = early.iloc[0] if not early.empty else None
         optimizer = r.get("optimizer", r.get("cfg_optimizer", "sgd"))
-        rows.append({"dataset": r["dataset"], "arch": r["arch"], "optimizer": optimizer, "rule": r["replica_rule"],
-                     "label": setting_label(r["replica_rule"], options_of(r)), "seed": r["seed"],
-                     "warmup": int(options_of(r).get("warmup", 0)),
-                     "early_epoch": None if e is None else int(e.epoch),
-                     "steps_per_epoch": r["optimizer_steps"] / epochs if epochs else float("nan"),
-                     "early_train_loss": float("nan") if e is None else e.train_loss,
-                     "early_top1": float("nan") if e is None else e.top1,
-                     "train_loss": r["train_loss"], "top1": r["top1"]})
+        rows.append(
+            {
+                "dataset": r["dataset"],
+                "arch": r["arch"],
+                "optimizer": optimizer,
+                "rule": r["replica_rule"],
+                "label": setting_label(r["replica_rule"], options_of(r)),
+                "seed": r["seed"],
+                "warmup": int(options_of(r).get("warmup", 0)),
+                "early_epoch": None if e is None else int(e.epoch),
+                "steps_per_epoch": r["optimizer_steps"] / epochs if epochs else float("nan"),
+                "early_train_loss": float("nan") if e is None else e.train_loss,
+                "early_top1": float("nan") if e is None else e.top1,
+                "train_loss": r["train_loss"],
+                "top1": r["top1"],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -89,8 +103,9 @@ def acco_frame(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
         frame[f"gap_{c}"], frame[f"gap_{c}_err"] = gaps, errs
     frame["order"] = [list(RULES).index(r) if r in RULES else 99 for r in frame.rule]
     frame["opt_order"] = [list(OPTIMIZERS).index(o) if o in OPTIMIZERS else 99 for o in frame.optimizer]
-    return frame.sort_values(["dataset", "arch", "opt_order", "order", "warmup"],
-                             ignore_index=True).drop(columns=["order", "opt_order"])
+    return frame.sort_values(["dataset", "arch", "opt_order", "order", "warmup"], ignore_index=True).drop(
+        columns=["order", "opt_order"]
+    )
 
 
 NOISE = 2.0  # a gap is within noise when |gap| <= NOISE x its sd (both groups' sds in quadrature)
@@ -120,8 +135,13 @@ def verdicts(frame: pd.DataFrame) -> list[dict]:
         acco = next((r for r in rows if r["rule"] == "acco"), None)
         if ddp is None or acco is None:
             continue
-        v = {"model": model_label(arch), "optimizer": OPTIMIZERS.get(optimizer, optimizer), "noise": NOISE,
-             "acco": {c: _judged(acco, c) for c in CELLS}, "dpu": []}
+        v = {
+            "model": model_label(arch),
+            "optimizer": OPTIMIZERS.get(optimizer, optimizer),
+            "noise": NOISE,
+            "acco": {c: _judged(acco, c) for c in CELLS},
+            "dpu": [],
+        }
         behind = [v["acco"][c]["behind"] for c in ("train_loss", "top1")]
         v["acco_level"] = None if None in behind else not any(behind)
         for r in rows:
@@ -129,39 +149,75 @@ def verdicts(frame: pd.DataFrame) -> list[dict]:
                 continue
             early = {c: _judged(r, c) for c in ("early_train_loss", "early_top1")}
             loss = early["early_train_loss"]
-            ahead, ahead_err = r["early_train_loss"] - acco["early_train_loss"], _spread(
-                r["early_train_loss_std"], acco["early_train_loss_std"])
-            v["dpu"].append({
-                "label": r["label"], "warmup": int(r["warmup"]), "early": early,
-                "final": {c: _judged(r, c) for c in ("train_loss", "top1")},
-                "lags_early": loss["behind"],
-                "acco_ahead": ahead, "acco_ahead_err": ahead_err,
-                "acco_is_ahead": None if pd.isna(ahead_err) else bool(ahead > NOISE * ahead_err)})
+            ahead, ahead_err = (
+                r["early_train_loss"] - acco["early_train_loss"],
+                _spread(r["early_train_loss_std"], acco["early_train_loss_std"]),
+            )
+            v["dpu"].append(
+                {
+                    "label": r["label"],
+                    "warmup": int(r["warmup"]),
+                    "early": early,
+                    "final": {c: _judged(r, c) for c in ("train_loss", "top1")},
+                    "lags_early": loss["behind"],
+                    "acco_ahead": ahead,
+                    "acco_ahead_err": ahead_err,
+                    "acco_is_ahead": None if pd.isna(ahead_err) else bool(ahead > NOISE * ahead_err),
+                }
+            )
         base = next((d for d in v["dpu"] if d["warmup"] == 0), None)
         parts = None if base is None else [v["acco_level"], base["lags_early"], base["acco_is_ahead"]]
         v["claim_holds"] = None if parts is None or None in parts else all(parts)
         reasons = ("ACCO ends behind DDP", "DPU without warm-up does not lag early", "ACCO is not ahead of it early")
         v["failed"] = [why for why, ok in zip(reasons, parts or []) if ok is False]
-        v["unjudged"] = ("there is no DPU without warm-up to compare" if parts is None
-                         else "it needs a second seed" if None in parts else None)
+        v["unjudged"] = (
+            "there is no DPU without warm-up to compare"
+            if parts is None
+            else "it needs a second seed"
+            if None in parts
+            else None
+        )
         out.append(v)
     return out
 
 
 def acco_context(frames: dict, profile: str) -> dict:
     results = frames["results"]
-    context = {"profile": profile, "gathered": not results.empty, "applies": applies(results), "cells": CELLS,
-               "groups": []}
+    context = {
+        "profile": profile,
+        "gathered": not results.empty,
+        "applies": applies(results),
+        "cells": CELLS,
+        "groups": [],
+    }
     if not context["applies"]:
         return context
     frame = acco_frame(results, frames["history"])
     for (arch, optimizer), g in frame.groupby(["arch", "optimizer"], sort=False):
-        rows = [{"label": r["label"], "cells": {c: {"mean": r[c], "std": r[f"{c}_std"], "n": r["n"],
-                                                    "gap": None if r["rule"] == "zero1" else r[f"gap_{c}"],
-                                                    "gap_err": r[f"gap_{c}_err"]} for c in CELLS}}
-                for r in g.to_dict("records")]
-        context["groups"].append({"model": model_label(arch), "optimizer": OPTIMIZERS.get(optimizer, optimizer),
-                                  "early_epoch": int(g.early_epoch.min()), "rows": rows})
+        rows = [
+            {
+                "label": r["label"],
+                "cells": {
+                    c: {
+                        "mean": r[c],
+                        "std": r[f"{c}_std"],
+                        "n": r["n"],
+                        "gap": None if r["rule"] == "zero1" else r[f"gap_{c}"],
+                        "gap_err": r[f"gap_{c}_err"],
+                    }
+                    for c in CELLS
+                },
+            }
+            for r in g.to_dict("records")
+        ]
+        context["groups"].append(
+            {
+                "model": model_label(arch),
+                "optimizer": OPTIMIZERS.get(optimizer, optimizer),
+                "early_epoch": int(g.early_epoch.min()),
+                "rows": rows,
+            }
+        )
     context["verdicts"] = verdicts(frame)
     context["setting"] = describe_runs(results)
     return context
@@ -189,8 +245,18 @@ def acco_figure(frames: dict, profile: str):
     for row, optimizer in zip(axes, optimizers):
         sub = h[h.optimizer == optimizer]
         for ax, (y, name) in zip(row, [("train_loss", "training loss"), ("top1", "test top-1 (%)")]):
-            sns.lineplot(data=sub.dropna(subset=[y]), x="steps", y=y, hue="label", hue_order=order, errorbar="sd",
-                         marker="o", markersize=3, ax=ax, legend=ax is row[1])
+            sns.lineplot(
+                data=sub.dropna(subset=[y]),
+                x="steps",
+                y=y,
+                hue="label",
+                hue_order=order,
+                errorbar="sd",
+                marker="o",
+                markersize=3,
+                ax=ax,
+                legend=ax is row[1],
+            )
             ax.set(xlabel="optimizer steps", ylabel=name, title=f"{OPTIMIZERS.get(optimizer, optimizer)}: {name}")
         row[1].legend(fontsize="x-small", loc="best")
     arch = model_label(results.arch.iloc[0])

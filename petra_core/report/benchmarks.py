@@ -6,9 +6,11 @@ how busy the machine was. Benchmarks need an idle machine, so the recorder measu
 *other* processes used while it ran: all the machine's busy time (``/proc/stat``) less the
 benchmark's own and its children's (``os.times``), in cores. The load average is kept too, but it
 cannot judge: a benchmark's own threads, or the one run just before it, raise it. A record taken
-while others used more than :data:`BUSY` cores says so. README.md's "Benchmarks" block is rendered from these files by ``petra readme``
+while others used more than :data:`BUSY` cores says so. README.md's "Benchmarks" block is rendered
+from these files by ``petra readme``
 (:func:`benchmark_context`), never typed by hand.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -69,13 +71,23 @@ class Recorder:
         from ..run import runio
 
         self.root.mkdir(parents=True, exist_ok=True)
-        runio.write_json(self.path, {
-            "benchmark": self.benchmark, "variant": self.variant,
-            "command": shlex.join(["python", *[os.path.relpath(a) if a.endswith(".py") else a for a in sys.argv]]),
-            "measured_at": self.started.isoformat(timespec="seconds"), "git_revision": runio.git_revision(outputs=(BENCHMARK_RESULTS,)),
-            "torch": torch.__version__, "cpu_model": runio.cpu_model(), "cpu_count": os.cpu_count(),
-            "other_cpu_cores": _round(self.other_cpu()), "load_average_before": self.load_before,
-            "load_average_after": _load_average(), "result": result})
+        runio.write_json(
+            self.path,
+            {
+                "benchmark": self.benchmark,
+                "variant": self.variant,
+                "command": shlex.join(["python", *[os.path.relpath(a) if a.endswith(".py") else a for a in sys.argv]]),
+                "measured_at": self.started.isoformat(timespec="seconds"),
+                "git_revision": runio.git_revision(outputs=(BENCHMARK_RESULTS,)),
+                "torch": torch.__version__,
+                "cpu_model": runio.cpu_model(),
+                "cpu_count": os.cpu_count(),
+                "other_cpu_cores": _round(self.other_cpu()),
+                "load_average_before": self.load_before,
+                "load_average_after": _load_average(),
+                "result": result,
+            },
+        )
         return self.path
 
 
@@ -94,15 +106,23 @@ def load(root: str | Path = BENCHMARK_RESULTS) -> dict[str, dict]:
 def _where(rec: dict) -> dict:
     other = rec.get("other_cpu_cores")
     revision = rec.get("git_revision") or "unknown"
-    return {"cpu": rec.get("cpu_model"), "cores": rec.get("cpu_count"), "torch": rec.get("torch"),
-            "revision": revision[:12] + ("-dirty" if revision.endswith("-dirty") else ""),
-            "other_cpu": other, "busy": other is not None and other > BUSY, "command": rec.get("command"), "date": rec.get("measured_at", "")[:10]}
+    return {
+        "cpu": rec.get("cpu_model"),
+        "cores": rec.get("cpu_count"),
+        "torch": rec.get("torch"),
+        "revision": revision[:12] + ("-dirty" if revision.endswith("-dirty") else ""),
+        "other_cpu": other,
+        "busy": other is not None and other > BUSY,
+        "command": rec.get("command"),
+        "date": rec.get("measured_at", "")[:10],
+    }
 
 
 def benchmark_context(records: dict[str, dict]) -> dict:
     """What ``readme_benchmarks.md.j2`` shows: one entry per record, grouped by benchmark."""
     groups: dict[str, list] = {}
-    for stem, rec in records.items():
-        groups.setdefault(rec["benchmark"], []).append({"variant": rec["variant"], "result": rec["result"],
-                                                       **_where(rec)})
+    for rec in records.values():
+        groups.setdefault(rec["benchmark"], []).append(
+            {"variant": rec["variant"], "result": rec["result"], **_where(rec)}
+        )
     return {"groups": groups, "busy_threshold": BUSY}

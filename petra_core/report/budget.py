@@ -8,6 +8,7 @@ re-estimated. :func:`trend` fits how the gap shrinks, a power law |gap| = c * mi
 (300 CIFAR-10 epochs, ~234,000 minibatches, where the paper's gap is 0).
 The figure and the table of the report are drawn from these.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,7 @@ def at_largest_budget(frame: pd.DataFrame) -> pd.DataFrame:
 def paper_point(reference: dict) -> dict:
     """The paper's budget (minibatches) and gap on CIFAR-10, RevNet18, from the reference file."""
     b, recipe = reference["budget"], reference["recipe"][reference["budget"]["dataset"]]
-    rows = {r["method"]: r for r in reference["table2"]["rows"]
-            if r["arch"] == b["arch"] and r.get("variant") != "hub"}
+    rows = {r["method"]: r for r in reference["table2"]["rows"] if r["arch"] == b["arch"] and r.get("variant") != "hub"}
     minibatches = recipe["epochs"] * b["train_examples"] // recipe["batch_petra"]
     gap = rows["petra"][b["dataset"]] - rows["backprop"][b["dataset"]]
     return {"minibatches": minibatches, "gap": gap, "epochs": recipe["epochs"], "batch": recipe["batch_petra"]}
@@ -53,27 +53,46 @@ def gap_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
     for r in summary.to_dict("records"):
         if r["method"] == "backprop":
             continue
-        bp = summary[(summary.method == "backprop") & (summary.dataset == r["dataset"]) & (summary.arch == r["arch"])
-                     & (summary.width == r["width"]) & (summary.epochs == r["epochs"])]
+        bp = summary[
+            (summary.method == "backprop")
+            & (summary.dataset == r["dataset"])
+            & (summary.arch == r["arch"])
+            & (summary.width == r["width"])
+            & (summary.epochs == r["epochs"])
+        ]
         if bp.empty:
             continue
         bp = bp.iloc[0].to_dict()
         row = {key: r[key] for key in ("dataset", "arch", "width", "method", "k", "epochs", "n")}
-        row["num_stages"] = int(results[results.arch == r["arch"]].num_stages.iloc[0]) if "num_stages" in results else None
+        row["num_stages"] = (
+            int(results[results.arch == r["arch"]].num_stages.iloc[0]) if "num_stages" in results else None
+        )
         row.update(minibatches=int(minibatches[r["epochs"]]), backprop_n=int(bp["n"]))
         for metric in METRICS:
             mean, std = r[f"{metric}_mean"], r[f"{metric}_std"]
             b_mean, b_std = bp[f"{metric}_mean"], bp[f"{metric}_std"]
             spread = [s for s in (std, b_std) if not pd.isna(s)]
-            row.update({metric: mean, f"{metric}_std": std, f"backprop_{metric}": b_mean,
-                        f"backprop_{metric}_std": b_std, f"gap_{metric}": mean - b_mean,
-                        f"gap_{metric}_err": math.sqrt(sum(s * s for s in spread)) if spread else float("nan")})
+            row.update(
+                {
+                    metric: mean,
+                    f"{metric}_std": std,
+                    f"backprop_{metric}": b_mean,
+                    f"backprop_{metric}_std": b_std,
+                    f"gap_{metric}": mean - b_mean,
+                    f"gap_{metric}_err": math.sqrt(sum(s * s for s in spread)) if spread else float("nan"),
+                }
+            )
         rows.append(row)
-    return pd.DataFrame(rows).sort_values(["arch", "method", "k", "minibatches"], ignore_index=True) if rows else pd.DataFrame()
+    return (
+        pd.DataFrame(rows).sort_values(["arch", "method", "k", "minibatches"], ignore_index=True)
+        if rows
+        else pd.DataFrame()
+    )
 
 
-def trend(frame: pd.DataFrame, method: str, k: int, at: float, metric: str = "top1", arch: str | None = None
-          ) -> dict | None:
+def trend(
+    frame: pd.DataFrame, method: str, k: int, at: float, metric: str = "top1", arch: str | None = None
+) -> dict | None:
     """How the gap of (method, k) shrinks with the budget, and what that predicts at ``at`` minibatches.
 
     With every gap negative: least squares of log|gap| on log(minibatches), a power law whose
@@ -88,20 +107,32 @@ def trend(frame: pd.DataFrame, method: str, k: int, at: float, metric: str = "to
     if arch is not None:
         g = g[g.arch == arch]
     elif "arch" in g and g.arch.nunique() > 1:
-        raise ValueError(f"the gaps of {method} k={k} are of several models ({', '.join(sorted(g.arch.unique()))}): "
-                         f"name the arch")
+        raise ValueError(
+            f"the gaps of {method} k={k} are of several models ({', '.join(sorted(g.arch.unique()))}): name the arch"
+        )
     g = g.sort_values("minibatches")
     if g.minibatches.nunique() < 2:
         return None
     x, gap = np.log2(g.minibatches.to_numpy(float)), g[f"gap_{metric}"].to_numpy(float)
     err = g[f"gap_{metric}_err"].to_numpy(float) if f"gap_{metric}_err" in g else np.full(gap.size, np.nan)
-    out = {"method": method, "k": k, "arch": arch, "at": at, "monotonic": bool((np.diff(gap) > 0).all()),
-           "budgets": int(gap.size)}
+    out = {
+        "method": method,
+        "k": k,
+        "arch": arch,
+        "at": at,
+        "monotonic": bool((np.diff(gap) > 0).all()),
+        "budgets": int(gap.size),
+    }
     if gap[-1] >= 0:
         below = np.flatnonzero(gap < 0)
         first = 0 if below.size == 0 else int(below[-1]) + 1
-        return {**out, "kind": "closed", "closed_at": int(g.minibatches.iloc[first]), "predicted_gap": float("nan"),
-                "uncertainty": None}
+        return {
+            **out,
+            "kind": "closed",
+            "closed_at": int(g.minibatches.iloc[first]),
+            "predicted_gap": float("nan"),
+            "uncertainty": None,
+        }
     kind = "power" if (gap < 0).all() else "line"
     fit = _fit(kind, x, gap[:, None], at)
     out.update(kind=kind, predicted_gap=float(fit["predicted"][0]), uncertainty=fit_uncertainty(kind, x, gap, err, at))
@@ -117,13 +148,14 @@ def _fit(kind: str, x: np.ndarray, gaps: np.ndarray, at: float) -> dict:
     doubling, or points per doubling) and its prediction at ``at``."""
     if kind == "power":
         slope, intercept = np.polyfit(x, np.log2(-gaps), 1)
-        return {"slope_value": 2.0 ** slope, "predicted": -(2.0 ** (intercept + slope * math.log2(at)))}
+        return {"slope_value": 2.0**slope, "predicted": -(2.0 ** (intercept + slope * math.log2(at)))}
     slope, intercept = np.polyfit(x, gaps, 1)
     return {"slope_value": slope, "predicted": intercept + slope * math.log2(at)}
 
 
-def fit_uncertainty(kind: str, x: np.ndarray, gap: np.ndarray, err: np.ndarray, at: float, draws: int = DRAWS,
-                    seed: int = 0) -> dict | None:
+def fit_uncertainty(
+    kind: str, x: np.ndarray, gap: np.ndarray, err: np.ndarray, at: float, draws: int = DRAWS, seed: int = 0
+) -> dict | None:
     """How uncertain the trend is: a parametric bootstrap that redraws every budget's gap from a
     normal of its mean and its ± (the seeds' spread of both sides, combined), refits, and reports
     the 16th-84th percentiles of the slope and of the prediction (one standard deviation's
@@ -141,8 +173,11 @@ def fit_uncertainty(kind: str, x: np.ndarray, gap: np.ndarray, err: np.ndarray, 
     if fittable.sum() < draws // 2:  # mostly closed: no interval worth the name
         return {**out, "slope": None, "predicted": None}
     fit = _fit(kind, x, sample[:, fittable], at)
-    return {**out, "slope": [float(v) for v in np.percentile(fit["slope_value"], [16, 84])],
-            "predicted": [float(v) for v in np.percentile(fit["predicted"], [16, 84])]}
+    return {
+        **out,
+        "slope": [float(v) for v in np.percentile(fit["slope_value"], [16, 84])],
+        "predicted": [float(v) for v in np.percentile(fit["predicted"], [16, 84])],
+    }
 
 
 def trend_curve(fit: dict, xs) -> list[float]:

@@ -3,6 +3,7 @@
 Heavy imports (pandas, seaborn, the accounting) happen inside the commands, so ``petra --help``
 stays fast and a missing plotting library only affects ``petra figures``.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,9 +23,17 @@ def cmd_results(args) -> int:
 def cmd_tables(args) -> int:
     from .tables import render_all
 
-    for path in render_all(args.results, args.costs, args.out, profile=Path(args.results).name,
-                           cyclic_dir=args.cyclic, replicas_dir=args.replicas, gpu_dir=args.gpu,
-                           populations_dir=args.populations, acco_dir=args.acco):
+    for path in render_all(
+        args.results,
+        args.costs,
+        args.out,
+        profile=Path(args.results).name,
+        cyclic_dir=args.cyclic,
+        replicas_dir=args.replicas,
+        gpu_dir=args.gpu,
+        populations_dir=args.populations,
+        acco_dir=args.acco,
+    ):
         print(path)
     return 0
 
@@ -32,9 +41,16 @@ def cmd_tables(args) -> int:
 def cmd_figures(args) -> int:
     from .figures import draw_all
 
-    for path in draw_all(args.results, args.costs, args.out, profile=Path(args.results).name,
-                           cyclic_dir=args.cyclic, replicas_dir=args.replicas, populations_dir=args.populations,
-                           acco_dir=args.acco):
+    for path in draw_all(
+        args.results,
+        args.costs,
+        args.out,
+        profile=Path(args.results).name,
+        cyclic_dir=args.cyclic,
+        replicas_dir=args.replicas,
+        populations_dir=args.populations,
+        acco_dir=args.acco,
+    ):
         print(path)
     return 0
 
@@ -46,42 +62,62 @@ def cmd_readme(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("results", help="gather a profile's runs into tidy tables (results/PROFILE/*.csv)",
-                       description="Read every run of the profile's grid and write results.csv (one row per run), "
-                                   "history.csv (per epoch), memory.csv (per stage), fidelity.csv, summary.csv "
-                                   "(mean, std, n over seeds) and summary.json (DVC metrics).")
+    p = sub.add_parser(
+        "results",
+        help="gather a profile's runs into tidy tables (results/PROFILE/*.csv)",
+        description="Read every run of the profile's grid and write results.csv (one row per run), "
+        "history.csv (per epoch), memory.csv (per stage), fidelity.csv, summary.csv "
+        "(mean, std, n over seeds) and summary.json (DVC metrics).",
+    )
     p.add_argument("--profile", required=True, help="workflow/config/profiles/NAME.yaml")
     p.add_argument("--out", required=True, help="output directory, e.g. results/NAME")
     p.add_argument("--root", default=".", help="repository root the runs/ paths are relative to")
     p.add_argument("--allow-missing", action="store_true", help="leave out runs not finished yet")
     p.set_defaults(func=cmd_results)
 
-    for name, func, what in (("tables", cmd_tables, "render Tables 1-3 (Markdown and LaTeX) with the paper's values"),
-                             ("figures", cmd_figures, "draw the figures (PNG and PDF)")):
+    for name, func, what in (
+        ("tables", cmd_tables, "render Tables 1-3 (Markdown and LaTeX) with the paper's values"),
+        ("figures", cmd_figures, "draw the figures (PNG and PDF)"),
+    ):
         p = sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".")
         p.add_argument("--results", required=True, help="a profile's results directory, e.g. results/cpu")
         p.add_argument("--costs", default="results/costs", help="cached cost measurements (petra costs)")
         p.add_argument("--cyclic", default="results/cyclic", help="cached cyclic-execution measurement (petra cyclic)")
-        p.add_argument("--replicas", default=REPLICA_RESULTS,
-                       help="the results directory the replica-rule comparison reads (a profile that varies "
-                            "replica_rule; default %(default)s)")
-        p.add_argument("--populations", default=POPULATION_RESULTS,
-                       help="the results directory the population comparison reads (a profile of independent, "
-                            "papa and wash runs; default %(default)s)")
-        p.add_argument("--acco", default=ACCO_RESULTS,
-                       help="the results directory the ACCO comparison reads (a profile of zero1, dpu, wp and acco "
-                            "runs; default %(default)s)")
+        p.add_argument(
+            "--replicas",
+            default=REPLICA_RESULTS,
+            help="the results directory the replica-rule comparison reads (a profile that varies "
+            "replica_rule; default %(default)s)",
+        )
+        p.add_argument(
+            "--populations",
+            default=POPULATION_RESULTS,
+            help="the results directory the population comparison reads (a profile of independent, "
+            "papa and wash runs; default %(default)s)",
+        )
+        p.add_argument(
+            "--acco",
+            default=ACCO_RESULTS,
+            help="the results directory the ACCO comparison reads (a profile of zero1, dpu, wp and acco "
+            "runs; default %(default)s)",
+        )
         if name == "tables":
-            p.add_argument("--gpu", default=GPU_RESULTS,
-                           help="bench_gpu.py's files, rendered in Table 1's GPU section (default %(default)s)")
+            p.add_argument(
+                "--gpu",
+                default=GPU_RESULTS,
+                help="bench_gpu.py's files, rendered in Table 1's GPU section (default %(default)s)",
+            )
         p.add_argument("--out", required=True, help="output directory")
         p.set_defaults(func=func)
 
-    p = sub.add_parser("readme", help="render README.md's results block from the committed result files",
-                       description="Replace the block between README.md's results markers by a render of "
-                                   "results/{budget,cpu,costs,cdp,wash}, and the block between its benchmarks markers by a render "
-                                   "of results/benchmarks/*.json (benchmarks run with --record); --check: exit 1 if "
-                                   "a committed block differs.")
+    p = sub.add_parser(
+        "readme",
+        help="render README.md's results block from the committed result files",
+        description="Replace the block between README.md's results markers by a render of "
+        "results/{budget,cpu,costs,cdp,wash}, and the block between its benchmarks markers by a render "
+        "of results/benchmarks/*.json (benchmarks run with --record); --check: exit 1 if "
+        "a committed block differs.",
+    )
     p.add_argument("--readme", default="README.md")
     p.add_argument("--results", default="results", help="the results root (default %(default)s)")
     p.add_argument("--check", action="store_true", help="only check; change nothing")

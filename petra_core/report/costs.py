@@ -1,4 +1,5 @@
 """Reading the measured cost tables (``results/costs/``, written by ``petra costs``)."""
+
 from __future__ import annotations
 
 import json

@@ -10,6 +10,7 @@
 
 A profile of several budgets is drawn at its largest in the other figures.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,11 +24,20 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from . import labels  # noqa: E402
-from .plotting import empty_figure  # noqa: E402
 from .budget import METRICS, at_largest_budget, gap_frame, paper_point, trend, trend_curve, varies_budget  # noqa: E402
+from .plotting import empty_figure  # noqa: E402
 
-FIGURES = ("fig4_accumulation", "training_curves", "memory_per_stage", "gradient_fidelity", "budget_gap",
-           "replica_rules", "cyclic", "populations", "acco")
+FIGURES = (
+    "fig4_accumulation",
+    "training_curves",
+    "memory_per_stage",
+    "gradient_fidelity",
+    "budget_gap",
+    "replica_rules",
+    "cyclic",
+    "populations",
+    "acco",
+)
 FORMATS = {"png": {"dpi": 150, "metadata": {"Software": None}}, "pdf": {"metadata": {"CreationDate": None}}}
 PIPELINED = ("delayed", "dsp", "petra")
 
@@ -71,8 +81,15 @@ def fig4_accumulation(summary: pd.DataFrame, profile: str):
     for ax, (dataset, arch) in zip(axes, keys):
         sub = pipelined[(pipelined.dataset == dataset) & (pipelined.arch == arch)].sort_values("k")
         for method, g in sub.groupby("method", sort=False):
-            ax.errorbar(g.k, g[f"{metric}_mean"], yerr=g[f"{metric}_std"].fillna(0), marker="o", capsize=3,
-                        color=palette[method], label=labels.METHOD_LABELS[method])
+            ax.errorbar(
+                g.k,
+                g[f"{metric}_mean"],
+                yerr=g[f"{metric}_std"].fillna(0),
+                marker="o",
+                capsize=3,
+                color=palette[method],
+                label=labels.METHOD_LABELS[method],
+            )
         bp = summary[(summary.dataset == dataset) & (summary.arch == arch) & (summary.method == "backprop")]
         if not bp.empty:
             mean, std = bp[f"{metric}_mean"].iloc[0], bp[f"{metric}_std"].iloc[0]
@@ -83,8 +100,11 @@ def fig4_accumulation(summary: pd.DataFrame, profile: str):
         ax.set_xscale("log", base=2)
         ax.set_xticks(ks, [str(k) for k in ks])
         ax.minorticks_off()
-        ax.set(xlabel="accumulation k", ylabel=ylabel,
-               title=f"{labels.model_label(arch)}, {labels.DATASET_LABELS.get(dataset, dataset)}")
+        ax.set(
+            xlabel="accumulation k",
+            ylabel=ylabel,
+            title=f"{labels.model_label(arch)}, {labels.DATASET_LABELS.get(dataset, dataset)}",
+        )
         ax.legend(fontsize="small")
     fig.suptitle(f"Accumulation: pipelined methods vs backprop (profile {profile}; paper: Fig. 4)", y=1.02)
     return fig
@@ -93,15 +113,20 @@ def fig4_accumulation(summary: pd.DataFrame, profile: str):
 def training_curves(history: pd.DataFrame, profile: str):
     if history.empty:
         return empty_figure(f"profile {profile}: no runs")
-    h = history.assign(run=[labels.run_label(m, k) + f", {labels.model_label(a)}"
-                            for m, k, a in zip(history.method, history.k, history.arch)])
+    h = history.assign(
+        run=[
+            labels.run_label(m, k) + f", {labels.model_label(a)}"
+            for m, k, a in zip(history.method, history.k, history.arch)
+        ]
+    )
     datasets = list(h.dataset.unique())
     fig, axes = plt.subplots(len(datasets), 2, figsize=(10, 3.4 * len(datasets)), squeeze=False)
     for row, dataset in zip(axes, datasets):
         sub = h[h.dataset == dataset]
         for ax, (y, name) in zip(row, [("train_loss", "training loss"), ("top1", "test top-1 (%)")]):
-            sns.lineplot(data=sub, x="epoch", y=y, hue="run", errorbar="sd", marker="o", markersize=3, ax=ax,
-                         legend=ax is row[1])
+            sns.lineplot(
+                data=sub, x="epoch", y=y, hue="run", errorbar="sd", marker="o", markersize=3, ax=ax, legend=ax is row[1]
+            )
             ax.set(ylabel=name, title=f"{labels.DATASET_LABELS.get(dataset, dataset)}: {name}")
         row[1].legend(fontsize="x-small", loc="best")
     fig.suptitle(f"Training curves (profile {profile}; mean ± sd over seeds)", y=1.01)
@@ -113,16 +138,22 @@ def memory_per_stage(memory: pd.DataFrame, profile: str):
     if memory.empty:
         return empty_figure(f"profile {profile}: no runs")
     m = memory.groupby(["dataset", "arch", "width", "method", "k", "stage", "kind"], as_index=False).kept_bytes.mean()
-    m = m.assign(kept_mb=m.kept_bytes / 1e6, run=[labels.run_label(a, b) for a, b in zip(m.method, m.k)],
-                 stage_label=[f"{s}:{k}" for s, k in zip(m.stage, m.kind)])
+    m = m.assign(
+        kept_mb=m.kept_bytes / 1e6,
+        run=[labels.run_label(a, b) for a, b in zip(m.method, m.k)],
+        stage_label=[f"{s}:{k}" for s, k in zip(m.stage, m.kind)],
+    )
     keys = sorted({(r.dataset, r.arch, r.width) for r in m.itertuples()})
     fig, axes = _panels(keys, width=5.5, height=3.4)
     for ax, (dataset, arch, width) in zip(axes, keys):
         sub = m[(m.dataset == dataset) & (m.arch == arch) & (m.width == width)]
         order = sub.drop_duplicates("stage").sort_values("stage").stage_label
         sns.barplot(data=sub, x="stage_label", y="kept_mb", hue="run", order=order, ax=ax)
-        ax.set(xlabel="stage:kind (S stem, R reversible, D downsampling, B ResNet block, H head)", ylabel="kept between fwd and bwd (MB)",
-               title=f"{labels.model_label(arch)} width {width}, {labels.DATASET_LABELS.get(dataset, dataset)}")
+        ax.set(
+            xlabel="stage:kind (S stem, R reversible, D downsampling, B ResNet block, H head)",
+            ylabel="kept between fwd and bwd (MB)",
+            title=f"{labels.model_label(arch)} width {width}, {labels.DATASET_LABELS.get(dataset, dataset)}",
+        )
         if len(order) > 12:  # 18 stages: labels side by side would overlap
             ax.tick_params(axis="x", labelrotation=90, labelsize="small")
         ax.legend(fontsize="x-small")
@@ -156,55 +187,99 @@ SERIES_COLORS = {"petra": 2, "delayed": 1, "dsp": 3, "revbackprop": 4}
 
 def budget_gap(summary: pd.DataFrame, results: pd.DataFrame, profile: str, reference: dict):
     if summary.empty or not varies_budget(summary):
-        return empty_figure(f"profile {profile} trains one budget per run: no gap-vs-budget curve "
-                      f"(the budget profile has one)")
+        return empty_figure(
+            f"profile {profile} trains one budget per run: no gap-vs-budget curve (the budget profile has one)"
+        )
     frame = gap_frame(summary, results)
     paper = paper_point(reference)
     fig, axes = _panels(list(METRICS), width=5.2, height=3.8)
     palette = sns.color_palette("deep", 10)
-    archs = list(dict.fromkeys(frame.sort_values("num_stages").arch)) if "num_stages" in frame else list(frame.arch.unique())
+    archs = (
+        list(dict.fromkeys(frame.sort_values("num_stages").arch))
+        if "num_stages" in frame
+        else list(frame.arch.unique())
+    )
     several = len(archs) > 1  # one series per depth: RevNet18's 10 stages, RevNet34's and RevNet50's 18
     for ax, (metric, what) in zip(axes, METRICS.items()):
         for (arch, method, k), g in frame.groupby(["arch", "method", "k"], sort=True):
             depth = archs.index(arch)
-            color = palette[(SERIES_COLORS.get(method, 5) + 3 * depth) % len(palette)] if several else \
-                palette[SERIES_COLORS.get(method, 5)]
+            color = (
+                palette[(SERIES_COLORS.get(method, 5) + 3 * depth) % len(palette)]
+                if several
+                else palette[SERIES_COLORS.get(method, 5)]
+            )
             name = labels.run_label(method, k)
             if several:
                 name = f"{labels.model_label(arch)} ({int(g.num_stages.iloc[0])} stages): {name}"
-            ax.errorbar(g.minibatches, g[f"gap_{metric}"], yerr=g[f"gap_{metric}_err"].fillna(0), capsize=3,
-                        marker="os^D"[depth % 4] if k == 1 else "s", ls=["-", "--", "-."][depth % 3] if len(g) > 1 else "none",
-                        color=color, label=name + (f" (n = {int(g.n.max())})" if g.n.max() > 1 else ""))
+            ax.errorbar(
+                g.minibatches,
+                g[f"gap_{metric}"],
+                yerr=g[f"gap_{metric}_err"].fillna(0),
+                capsize=3,
+                marker="os^D"[depth % 4] if k == 1 else "s",
+                ls=["-", "--", "-."][depth % 3] if len(g) > 1 else "none",
+                color=color,
+                label=name + (f" (n = {int(g.n.max())})" if g.n.max() > 1 else ""),
+            )
             fit = trend(frame, method, k, paper["minibatches"], metric, arch=arch)
             if fit is not None and fit["kind"] != "closed":
                 xs = np.geomspace(g.minibatches.max(), paper["minibatches"], 20)
-                ax.plot(xs, trend_curve(fit, xs), ls=":", color=color,  # the panels' trends differ: the label says which
-                        label=f"{name}: trend, {fit['predicted_gap']:+.2f} at the paper's budget ({what})")
+                ax.plot(
+                    xs,
+                    trend_curve(fit, xs),
+                    ls=":",
+                    color=color,  # the panels' trends differ: the label says which
+                    label=f"{name}: trend, {fit['predicted_gap']:+.2f} at the paper's budget ({what})",
+                )
         ax.axhline(0, color="black", lw=1)
-        ax.scatter([paper["minibatches"]], [paper["gap"]], marker="*", s=160, color="black", zorder=5,
-                   label=f"paper: CIFAR-10, {paper['epochs']} epochs (~{paper['minibatches']:,} minibatches)")
+        ax.scatter(
+            [paper["minibatches"]],
+            [paper["gap"]],
+            marker="*",
+            s=160,
+            color="black",
+            zorder=5,
+            label=f"paper: CIFAR-10, {paper['epochs']} epochs (~{paper['minibatches']:,} minibatches)",
+        )
         ax.set_xscale("log")
-        ax.set(xlabel="minibatches trained (log scale)", ylabel="top-1 minus backprop's (points)",
-               title=f"top-1 {what}")
+        ax.set(
+            xlabel="minibatches trained (log scale)", ylabel="top-1 minus backprop's (points)", title=f"top-1 {what}"
+        )
     # one legend below both panels: inside one, a dozen series hid the points they name
     entries = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             entries.setdefault(label, handle)
-    fig.legend(list(entries.values()), list(entries), loc="upper center", bbox_to_anchor=(0.5, 0.0),
-               ncol=2, fontsize="x-small", frameon=False)
+    fig.legend(
+        list(entries.values()),
+        list(entries),
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=2,
+        fontsize="x-small",
+        frameon=False,
+    )
     first = frame.iloc[0]
     models = ", ".join(labels.model_label(a) for a in archs)
-    fig.suptitle(f"Gap to backprop against training budget — {models} width "
-                 f"{int(first.width)}, {labels.DATASET_LABELS.get(first.dataset, first.dataset)} (profile {profile}; "
-                 f"error bars: sd over seeds)", y=1.02)
+    fig.suptitle(
+        f"Gap to backprop against training budget — {models} width "
+        f"{int(first.width)}, {labels.DATASET_LABELS.get(first.dataset, first.dataset)} (profile {profile}; "
+        f"error bars: sd over seeds)",
+        y=1.02,
+    )
     return fig
 
 
-def draw_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path, profile: str,
-             cyclic_dir: str | Path | None = None,
-             replicas_dir: str | Path | None = None, populations_dir: str | Path | None = None,
-             acco_dir: str | Path | None = None) -> list[Path]:
+def draw_all(
+    results_dir: str | Path,
+    costs_dir: str | Path,
+    out_dir: str | Path,
+    profile: str,
+    cyclic_dir: str | Path | None = None,
+    replicas_dir: str | Path | None = None,
+    populations_dir: str | Path | None = None,
+    acco_dir: str | Path | None = None,
+) -> list[Path]:
     from ..reference import load_paper_reference
     from . import costs as costs_mod
     from . import cyclic as cyclic_mod
@@ -222,13 +297,15 @@ def draw_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary, history = frames["summary"], frames["history"]
-    figs = {"fig4_accumulation": fig4_accumulation(at_largest_budget(summary), profile),
-            "training_curves": training_curves(at_largest_budget(history), profile),
-            "memory_per_stage": memory_per_stage(frames["memory"], profile),
-            "gradient_fidelity": gradient_fidelity(frames["fidelity"], profile, fallback),
-            "budget_gap": budget_gap(summary, frames["results"], profile, load_paper_reference()),
-            "replica_rules": replicas_mod.rule_curves(rule_frames["history"], rule_profile),
-            "cyclic": cyclic_mod.cyclic_figure(cyclic_mod.load(cyclic_dir)),
-            "populations": population_figure(pop_frames["summary"], pop_profile),
-            "acco": acco_figure(acco_frames, acco_profile)}
+    figs = {
+        "fig4_accumulation": fig4_accumulation(at_largest_budget(summary), profile),
+        "training_curves": training_curves(at_largest_budget(history), profile),
+        "memory_per_stage": memory_per_stage(frames["memory"], profile),
+        "gradient_fidelity": gradient_fidelity(frames["fidelity"], profile, fallback),
+        "budget_gap": budget_gap(summary, frames["results"], profile, load_paper_reference()),
+        "replica_rules": replicas_mod.rule_curves(rule_frames["history"], rule_profile),
+        "cyclic": cyclic_mod.cyclic_figure(cyclic_mod.load(cyclic_dir)),
+        "populations": population_figure(pop_frames["summary"], pop_profile),
+        "acco": acco_figure(acco_frames, acco_profile),
+    }
     return [path for name, fig in figs.items() for path in save(fig, out_dir, name)]

@@ -1,14 +1,22 @@
 """Display names and number formats shared by the tables and the figures."""
-from __future__ import annotations
 
-import pandas as pd
+from __future__ import annotations
 
 import math
 import re
 
-METHOD_LABELS = {"backprop": "Backprop", "revbackprop": "Rev. backprop", "delayed": "Delayed (weight stash)",
-                 "dsp": "DSP (input buffers)", "petra": "PETRA", "local": "Local (aux. heads)",
-                 "fg-local-w": "Forward grad., local guess (W)", "fg-local-a": "Forward grad., local guess (A)"}
+import pandas as pd
+
+METHOD_LABELS = {
+    "backprop": "Backprop",
+    "revbackprop": "Rev. backprop",
+    "delayed": "Delayed (weight stash)",
+    "dsp": "DSP (input buffers)",
+    "petra": "PETRA",
+    "local": "Local (aux. heads)",
+    "fg-local-w": "Forward grad., local guess (W)",
+    "fg-local-a": "Forward grad., local guess (A)",
+}
 METHOD_ORDER = ["backprop", "revbackprop", "delayed", "dsp", "petra", "local", "fg-local-w", "fg-local-a"]
 LOCAL_LEARNING = ("local", "fg-local-w", "fg-local-a")  # not in the paper: a row block of their own
 DATASET_LABELS = {"cifar10": "CIFAR-10", "imagenet32": "ImageNet32", "imagenet": "ImageNet", "synthetic": "synthetic"}
@@ -74,9 +82,27 @@ def formula(expr, value, digits: int = 2) -> str:
     return str(expr)
 
 
-_TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
-        "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "−": "$-$", "·": r"$\cdot$",
-        "×": r"$\times$", "–": "--", "∥": r"$\parallel$", "≥": r"$\geq$", "⌈": r"$\lceil$", "⌉": r"$\rceil$"}
+_TEX = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "−": "$-$",
+    "·": r"$\cdot$",
+    "×": r"$\times$",
+    "–": "--",
+    "∥": r"$\parallel$",
+    "≥": r"$\geq$",
+    "⌈": r"$\lceil$",
+    "⌉": r"$\rceil$",
+}
 
 
 def tex(text) -> str:
@@ -94,15 +120,21 @@ def describe_runs(results: pd.DataFrame) -> str:
         replicas = sorted(int(x) for x in g.cfg_replicas.dropna().unique()) if "cfg_replicas" in g else []
         if replicas and replicas != [1]:
             batches = f"{batches} per replica, {'/'.join(map(str, replicas))} replicas"
-        parts.append(f"{DATASET_LABELS.get(dataset, dataset)}{subset}, width {'/'.join(map(str, sorted(g.width.unique())))}, "
-                     f"{'/'.join(map(str, sorted(g.epochs_done.unique())))} epochs, batch {batches}")
+        parts.append(
+            f"{DATASET_LABELS.get(dataset, dataset)}{subset}, width {'/'.join(map(str, sorted(g.width.unique())))}, "
+            f"{'/'.join(map(str, sorted(g.epochs_done.unique())))} epochs, batch {batches}"
+        )
     env = results.iloc[0]
     hardware = f"{env.get('env_device', '?')}"
     if env.get("env_device") == "cpu":
         hardware += f" ({env.get('env_processor', '?')}, {env.get('env_torch_threads', '?')} thread(s))"
     elif not missing(env.get("env_gpus")):
         hardware += f" ({env.get('env_gpus')})"
-    revisions = sorted({str(r)[:12] + ("-dirty" if str(r).endswith("-dirty") else "")
-                        for r in results.get("env_git_revision", pd.Series(dtype=object)).dropna()})
+    revisions = sorted(
+        {
+            str(r)[:12] + ("-dirty" if str(r).endswith("-dirty") else "")
+            for r in results.get("env_git_revision", pd.Series(dtype=object)).dropna()
+        }
+    )
     code = f", code at revision {', '.join(revisions)}" if revisions else ""
     return f"{'; '.join(parts)}; trained on {hardware}, torch {env.get('env_torch', '?')}{code}"

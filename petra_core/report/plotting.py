@@ -1,4 +1,5 @@
 """Shared by every figure module: the figure that says there is nothing to draw."""
+
 from __future__ import annotations
 
 import matplotlib

@@ -8,6 +8,7 @@ replaces the block between the two markers in README.md; the "Benchmarks" block 
 with ``--record``). ``petra readme --check`` exits 1 when a committed block differs from what the
 records give (``tests/test_report.py`` runs it).
 """
+
 from __future__ import annotations
 
 import math
@@ -63,22 +64,38 @@ def budget_part(frames: dict) -> dict | None:
 
     largest = context["rows"][-1]
     backprop = largest["cells"]["top1"]["backprop"]
-    best = max(((m, k) for (m, k) in index if m == "petra"),
-               key=lambda mk: largest["cells"]["top1"]["series"][index[mk]]["mean"] or -1)
+    best = max(
+        ((m, k) for (m, k) in index if m == "petra"),
+        key=lambda mk: largest["cells"]["top1"]["series"][index[mk]]["mean"] or -1,
+    )
     best_cell = largest["cells"]["top1"]["series"][index[best]]
-    fit = next(t for t in context["trends"] if t["method"] == "petra" and t["k"] == 1 and t["metric"] == METRICS["top1"])
+    fit = next(
+        t for t in context["trends"] if t["method"] == "petra" and t["k"] == 1 and t["metric"] == METRICS["top1"]
+    )
     moved = 0.0
     for row in context["rows"]:
         for a, b in zip(row["cells"]["top1"]["series"], row["cells"]["top1_bn_reestimated"]["series"]):
             if a["gap"] is not None and b["gap"] is not None and not (math.isnan(a["gap"]) or math.isnan(b["gap"])):
                 moved = max(moved, abs(b["gap"] - a["gap"]))
     headline = {(g["minibatches"]): g["gap"] for g in gaps("petra", 1)}
-    return {"petra": gaps("petra", 1), "delayed": gaps("delayed", 1), "backprop": backprop,
-            "largest": largest["minibatches"], "epochs": largest["epochs"], "best_k": best[1], "best": best_cell,
-            "fit": fit, "paper": context["paper"], "bn_moved": moved,
-            "within_2": abs(gaps("petra", 1)[-1]["gap"]) <= 2.0,
-            "deeper": [_deeper(m, headline, model["num_stages"]) for m in context["models"]
-                       if m["arch"] != "revnet18" and any(s["method"] == "petra" for s in m["series"])]}
+    return {
+        "petra": gaps("petra", 1),
+        "delayed": gaps("delayed", 1),
+        "backprop": backprop,
+        "largest": largest["minibatches"],
+        "epochs": largest["epochs"],
+        "best_k": best[1],
+        "best": best_cell,
+        "fit": fit,
+        "paper": context["paper"],
+        "bn_moved": moved,
+        "within_2": abs(gaps("petra", 1)[-1]["gap"]) <= 2.0,
+        "deeper": [
+            _deeper(m, headline, model["num_stages"])
+            for m in context["models"]
+            if m["arch"] != "revnet18" and any(s["method"] == "petra" for s in m["series"])
+        ],
+    }
 
 
 def _deeper(model: dict, headline: dict, headline_stages: int) -> dict:
@@ -87,22 +104,40 @@ def _deeper(model: dict, headline: dict, headline_stages: int) -> dict:
     from ..reference import load_paper_reference
 
     index = next(i for i, s in enumerate(model["series"]) if (s["method"], s["k"]) == ("petra", 1))
-    paper = {r["method"]: r.get("cifar10") for r in load_paper_reference()["table2"]["rows"]
-             if r["arch"] == model["arch"] and r.get("variant") != "hub"}
+    paper = {
+        r["method"]: r.get("cifar10")
+        for r in load_paper_reference()["table2"]["rows"]
+        if r["arch"] == model["arch"] and r.get("variant") != "hub"
+    }
     rows = []
     for row in model["rows"]:
         cells = [row["cells"][metric]["series"][index] for metric in METRICS]
         if cells[0]["gap"] is None or math.isnan(cells[0]["gap"]):
             continue
         shallow = headline.get(row["minibatches"])
-        rows.append({"minibatches": row["minibatches"], "gap": cells[0]["gap"], "gap_bn": cells[1]["gap"],
-                     "backprop": row["cells"]["top1"]["backprop"]["mean"], "petra": cells[0]["mean"],
-                     "shallow": shallow, "ratio": cells[0]["gap"] / shallow if shallow else None})
-    fit = next((t for t in model["trends"] if (t["method"], t["k"]) == ("petra", 1) and t["metric"] == METRICS["top1"]),
-               None)
+        rows.append(
+            {
+                "minibatches": row["minibatches"],
+                "gap": cells[0]["gap"],
+                "gap_bn": cells[1]["gap"],
+                "backprop": row["cells"]["top1"]["backprop"]["mean"],
+                "petra": cells[0]["mean"],
+                "shallow": shallow,
+                "ratio": cells[0]["gap"] / shallow if shallow else None,
+            }
+        )
+    fit = next(
+        (t for t in model["trends"] if (t["method"], t["k"]) == ("petra", 1) and t["metric"] == METRICS["top1"]), None
+    )
     paper_gap = paper["petra"] - paper["backprop"] if None not in (paper.get("petra"), paper.get("backprop")) else None
-    return {"model": model["model"], "stages": model["num_stages"], "shallow_stages": headline_stages, "rows": rows,
-            "fit": fit, "paper_gap": paper_gap}
+    return {
+        "model": model["model"],
+        "stages": model["num_stages"],
+        "shallow_stages": headline_stages,
+        "rows": rows,
+        "fit": fit,
+        "paper_gap": paper_gap,
+    }
 
 
 def cpu_part(frames: dict) -> dict | None:
@@ -112,20 +147,30 @@ def cpu_part(frames: dict) -> dict | None:
 
     def cell(arch, method, k=1, aux=None):
         r = _row(s, arch=arch, method=method, k=k, **({"aux_head": aux} if "aux_head" in s.columns else {}))
-        return None if r is None else {"mean": r["top1_mean"], "std": r["top1_std"], "n": r["n"],
-                                       "kept": r["kept_total_mb_mean"]}
+        return (
+            None
+            if r is None
+            else {"mean": r["top1_mean"], "std": r["top1_std"], "n": r["n"], "kept": r["kept_total_mb_mean"]}
+        )
 
     runs, memory = frames["results"], frames["memory"]
     seed0 = {int(r.k): r.top1 for r in runs[(runs.method == "petra") & (runs.seed == 0)].itertuples()}
     petra = memory[(memory.method == "petra") & (memory.k == 1) & (memory.arch == "revnet18")]
     petra = petra[petra.run == petra.run.iloc[0]] if not petra.empty else petra
-    return {"backprop": cell("revnet18", "backprop"), "resnet": cell("resnet18", "backprop"),
-            "petra_seed0": [seed0.get(k) for k in (1, 2, 4, 8)], "petra_k2": cell("revnet18", "petra", 2),
-            "delayed": cell("revnet18", "delayed", 2), "dsp": cell("revnet18", "dsp", 2),
-            "petra_kept": cell("revnet18", "petra", 1)["kept"],
-            "petra_kept_reversible": petra[petra.kind == "R"].kept_bytes.sum() / 1e6,
-            "local": {m: (cell("revnet18", m, aux="cnn"), cell("resnet18", m, aux="cnn"))
-                      for m in ("local", "fg-local-w", "fg-local-a")}}
+    return {
+        "backprop": cell("revnet18", "backprop"),
+        "resnet": cell("resnet18", "backprop"),
+        "petra_seed0": [seed0.get(k) for k in (1, 2, 4, 8)],
+        "petra_k2": cell("revnet18", "petra", 2),
+        "delayed": cell("revnet18", "delayed", 2),
+        "dsp": cell("revnet18", "dsp", 2),
+        "petra_kept": cell("revnet18", "petra", 1)["kept"],
+        "petra_kept_reversible": petra[petra.kind == "R"].kept_bytes.sum() / 1e6,
+        "local": {
+            m: (cell("revnet18", m, aux="cnn"), cell("resnet18", m, aux="cnn"))
+            for m in ("local", "fg-local-w", "fg-local-a")
+        },
+    }
 
 
 def table3_part(costs_dir: Path) -> dict | None:
@@ -166,13 +211,15 @@ def render_block(results_root: str | Path = "results") -> str:
 
     root = Path(results_root)
     frames = {p: _load(root, p) for p in PROFILES}
-    context = {"budget": budget_part(frames["budget"]) if frames["budget"] else None,
-               "cpu": cpu_part(frames["cpu"]) if frames["cpu"] else None,
-               "table3": table3_part(root / "costs"),
-               "cdp": cdp_part(frames["cdp"]) if frames["cdp"] else None,
-               "populations": population_part(frames["wash"]) if frames["wash"] else None,
-               "acco": acco_part(frames["acco"]) if frames["acco"] else None,
-               "label": labels.METHOD_LABELS}
+    context = {
+        "budget": budget_part(frames["budget"]) if frames["budget"] else None,
+        "cpu": cpu_part(frames["cpu"]) if frames["cpu"] else None,
+        "table3": table3_part(root / "costs"),
+        "cdp": cdp_part(frames["cdp"]) if frames["cdp"] else None,
+        "populations": population_part(frames["wash"]) if frames["wash"] else None,
+        "acco": acco_part(frames["acco"]) if frames["acco"] else None,
+        "label": labels.METHOD_LABELS,
+    }
     body = environment().get_template("readme_results.md.j2").render(**context).strip("\n")
     return f"{BEGIN}\n{body}\n{END}"
 

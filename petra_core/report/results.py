@@ -12,6 +12,7 @@ profile varies besides, e.g. ``epochs``). ``summarize(results)`` groups runs ove
 sample std, n). Everything here only reads the run records; the report's tables and figures
 read these files only.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,17 +20,41 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..workflow import grid
 from ..run import runio
 from ..run.config import RunConfig
+from ..workflow import grid
 
-FINAL = ["top1", "top5", "test_loss", "train_loss", "train_acc", "best_top1", "top1_last10_mean",
-         "optimizer_steps", "images_per_s", "wall_time_s", "top1_bn_reestimated"]
+FINAL = [
+    "top1",
+    "top5",
+    "test_loss",
+    "train_loss",
+    "train_acc",
+    "best_top1",
+    "top1_last10_mean",
+    "optimizer_steps",
+    "images_per_s",
+    "wall_time_s",
+    "top1_bn_reestimated",
+]
 # a population's evaluation (metrics.json "population", runs with replicas > 1), as pop_* columns
 POPULATION = ["members_top1_mean", "ensemble_top1", "average_top1", "average_top1_bn_reestimated"]
-SUMMARY_METRICS = ["top1", "top1_last10_mean", "best_top1", "top5", "train_acc", "train_loss", "test_loss",
-                   "images_per_s", "wall_time_s", "kept_total_mb", "kept_max_mb", "top1_bn_reestimated",
-                   "floats_sent_per_step", *(f"pop_{m}" for m in POPULATION)]
+SUMMARY_METRICS = [
+    "top1",
+    "top1_last10_mean",
+    "best_top1",
+    "top5",
+    "train_acc",
+    "train_loss",
+    "test_loss",
+    "images_per_s",
+    "wall_time_s",
+    "kept_total_mb",
+    "kept_max_mb",
+    "top1_bn_reestimated",
+    "floats_sent_per_step",
+    *(f"pop_{m}" for m in POPULATION),
+]
 ENV = ["git_revision", "torch", "device", "processor", "cpu_count", "torch_threads", "gpus"]
 FRAMES = ("results", "history", "memory", "fidelity")
 RESULT_FILES = (*(f"{name}.csv" for name in FRAMES), "summary.csv", "summary.json")
@@ -49,47 +74,73 @@ def read_run(run_dir: Path, ident: dict) -> dict[str, pd.DataFrame]:
     env_path = run_dir / runio.ENV
     env = runio.read_json(env_path) if env_path.exists() else {}
     if "params" not in metrics or "stage_kinds" not in metrics:
-        raise ValueError(f"{run_dir / runio.METRICS} records no parameter count or stage kinds (written by an "
-                         f"older petra); train the run again")
+        raise ValueError(
+            f"{run_dir / runio.METRICS} records no parameter count or stage kinds (written by an "
+            f"older petra); train the run again"
+        )
     kinds = metrics["stage_kinds"].split()
     kept = list(metrics.get("peak_kept_bytes") or [])
-    row = {**ident, **{m: metrics.get(m) for m in FINAL}, "epochs_done": metrics.get("epochs"),
-           "params": metrics["params"], "num_stages": len(kinds),
-           "kept_total_mb": sum(kept) / 1e6 if kept else float("nan"),
-           "kept_max_mb": max(kept) / 1e6 if kept else float("nan"),
-           "floats_sent_per_step": metrics.get("floats_sent_per_step", float("nan"))}
+    row = {
+        **ident,
+        **{m: metrics.get(m) for m in FINAL},
+        "epochs_done": metrics.get("epochs"),
+        "params": metrics["params"],
+        "num_stages": len(kinds),
+        "kept_total_mb": sum(kept) / 1e6 if kept else float("nan"),
+        "kept_max_mb": max(kept) / 1e6 if kept else float("nan"),
+        "floats_sent_per_step": metrics.get("floats_sent_per_step", float("nan")),
+    }
     population = metrics.get("population") or {}
     row.update({f"pop_{m}": population.get(m, float("nan")) for m in POPULATION})
     row["pop_members_top1"] = json.dumps(population["members_top1"]) if "members_top1" in population else None
-    row.update({f"cfg_{key}": (json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value)
-                for key, value in cfg.items()
-                if key not in ident})
-    row.update({f"env_{key}": (json.dumps(env[key]) if isinstance(env.get(key), list) else env.get(key))
-                for key in ENV if key in env})
+    row.update(
+        {
+            f"cfg_{key}": (json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value)
+            for key, value in cfg.items()
+            if key not in ident
+        }
+    )
+    row.update(
+        {
+            f"env_{key}": (json.dumps(env[key]) if isinstance(env.get(key), list) else env.get(key))
+            for key in ENV
+            if key in env
+        }
+    )
     frames = {
         "results": pd.DataFrame([row]),
         "history": pd.DataFrame([{**ident, **h} for h in history]),
-        "memory": pd.DataFrame([{**ident, "stage": j, "kind": kind, "kept_bytes": b}
-                                for j, (kind, b) in enumerate(zip(kinds, kept))]),
+        "memory": pd.DataFrame(
+            [{**ident, "stage": j, "kind": kind, "kept_bytes": b} for j, (kind, b) in enumerate(zip(kinds, kept))]
+        ),
     }
     fid = run_dir / runio.FIDELITY
     if fid.exists() and fid.stat().st_size:
         f = pd.read_csv(fid)
-        frames["fidelity"] = pd.concat([pd.DataFrame([ident] * len(f)), f.drop(columns=["method"], errors="ignore")],
-                                       axis=1)
+        frames["fidelity"] = pd.concat(
+            [pd.DataFrame([ident] * len(f)), f.drop(columns=["method"], errors="ignore")], axis=1
+        )
     return frames
 
 
 def identity(run: grid.GridRun, extra: list[str], root: Path) -> dict:
     """The columns every row of a run starts with."""
     cfg = run.config.to_dict()
-    return {"profile": run.profile, **{key: cfg[key] for key in grid.IDENTITY if key != "profile"},
-            **{key: json.dumps(cfg[key], sort_keys=True) if isinstance(cfg[key], (list, dict)) else cfg[key]
-               for key in extra},
-            "run": run.name, "run_dir": run.directory.as_posix()}
+    return {
+        "profile": run.profile,
+        **{key: cfg[key] for key in grid.IDENTITY if key != "profile"},
+        **{
+            key: json.dumps(cfg[key], sort_keys=True) if isinstance(cfg[key], (list, dict)) else cfg[key]
+            for key in extra
+        },
+        "run": run.name,
+        "run_dir": run.directory.as_posix(),
+    }
 
 
-def collect(profile_path: str | Path, *, root: str | Path = ".", allow_missing: bool = False) -> dict[str, pd.DataFrame]:
+def collect(
+    profile_path: str | Path, *, root: str | Path = ".", allow_missing: bool = False
+) -> dict[str, pd.DataFrame]:
     """Every finished run of the profile's grid as tidy frames (see the module docstring).
 
     ``root`` is the repository root the grid's ``runs/...`` paths are relative to.
@@ -100,8 +151,10 @@ def collect(profile_path: str | Path, *, root: str | Path = ".", allow_missing: 
     root = Path(root)
     missing = [r.directory for r in runs if not (root / r.directory / runio.METRICS).exists()]
     if missing and not allow_missing:
-        raise MissingRuns(f"{len(missing)} of {len(runs)} runs of profile {spec['profile']!r} have no metrics.json, "
-                          f"e.g. {missing[0]}; train them first (snakemake) or pass allow_missing")
+        raise MissingRuns(
+            f"{len(missing)} of {len(runs)} runs of profile {spec['profile']!r} have no metrics.json, "
+            f"e.g. {missing[0]}; train them first (snakemake) or pass allow_missing"
+        )
     parts = [read_run(root / r.directory, identity(r, extra, root)) for r in runs if r.directory not in missing]
     columns = [*grid.IDENTITY, *extra, "run", "run_dir"]
     frames = {}
@@ -125,8 +178,13 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
     keys = group_keys(results)
     for key, g in results.groupby(keys, sort=True, dropna=False):  # a key only some runs set (aux_head) is NaN
         row = dict(zip(keys, key))
-        row.update(n=len(g), seeds=" ".join(str(s) for s in sorted(g.seed)), params=int(g.params.iloc[0]),
-                   epochs=int(g.epochs_done.iloc[0]), batch_size=int(g.cfg_batch_size.iloc[0]))
+        row.update(
+            n=len(g),
+            seeds=" ".join(str(s) for s in sorted(g.seed)),
+            params=int(g.params.iloc[0]),
+            epochs=int(g.epochs_done.iloc[0]),
+            batch_size=int(g.cfg_batch_size.iloc[0]),
+        )
         for m in SUMMARY_METRICS:
             values = pd.to_numeric(g[m], errors="coerce")
             row[f"{m}_mean"] = values.mean()
@@ -159,8 +217,9 @@ def write(frames: dict[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:
         runio.write_text(path, frame.to_csv(index=False, float_format="%.6g"))
         paths.append(path)
     path = out_dir / "summary.json"
-    runio.write_text(path, json.dumps(runio.finite_json(metrics_json(summary)), indent=2, sort_keys=True,
-                                      allow_nan=False) + "\n")
+    runio.write_text(
+        path, json.dumps(runio.finite_json(metrics_json(summary)), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    )
     return [*paths, path]
 
 

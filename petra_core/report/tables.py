@@ -5,6 +5,7 @@ measurements (``results/costs/``) and the paper's reference file, rendered by on
 table and format (``templates/tableN_*.{md,tex}.j2``). Templates use ``StrictUndefined``: a value
 missing from the context is an error, never a blank cell.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,25 +15,43 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from ..reference import load_paper_reference
 from . import labels
-from .labels import describe_runs
 from .budget import DRAWS, METRICS, MODEL, at_largest_budget, gap_frame, paper_point, trend, varies_budget
+from .labels import describe_runs
 from .replicas import rule_context
 
 TEMPLATES = Path(__file__).parent / "templates"
-TABLES = {"table1_costs": "Table 1", "table2_accuracy": "Table 2", "table3_memory": "Table 3",
-          "budget_gap": "the gap against training budget", "replica_rules": "replica rules against DP",
-          "cyclic": "cyclic execution: memory, gradient traffic, devices",
-          "populations": "populations: members, ensemble, average, communication",
-          "acco": "ACCO against DDP, DPU and weight prediction"}
+TABLES = {
+    "table1_costs": "Table 1",
+    "table2_accuracy": "Table 2",
+    "table3_memory": "Table 3",
+    "budget_gap": "the gap against training budget",
+    "replica_rules": "replica rules against DP",
+    "cyclic": "cyclic execution: memory, gradient traffic, devices",
+    "populations": "populations: members, ensemble, average, communication",
+    "acco": "ACCO against DDP, DPU and weight prediction",
+}
 FORMATS = ("md", "tex")
 QUANTITIES = ("activations", "params", "comm", "flops", "time")
 
 
 def environment() -> Environment:
-    env = Environment(loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined, autoescape=False,
-                      trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    env.filters.update(num=labels.num, pm=labels.pm, signed=labels.signed, millions=labels.millions, expr=labels.pretty_expr,
-                       formula=labels.formula, tex=labels.tex)
+    env = Environment(
+        loader=FileSystemLoader(TEMPLATES),
+        undefined=StrictUndefined,
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(
+        num=labels.num,
+        pm=labels.pm,
+        signed=labels.signed,
+        millions=labels.millions,
+        expr=labels.pretty_expr,
+        formula=labels.formula,
+        tex=labels.tex,
+    )
     return env
 
 
@@ -67,8 +86,10 @@ def table2_context(frames: dict, profile: str, reference: dict | None = None) ->
     """Our column: the profile's runs, at its largest budget where it has several."""
     ref = (reference or load_paper_reference())["table2"]
     summary, results = at_largest_budget(frames["summary"]), at_largest_budget(frames["results"])
-    datasets = [{"key": d, "label": labels.DATASET_LABELS.get(d, d), "paper": d in ref["datasets"]}
-                for d in summary.dataset.unique()]
+    datasets = [
+        {"key": d, "label": labels.DATASET_LABELS.get(d, d), "paper": d in ref["datasets"]}
+        for d in summary.dataset.unique()
+    ]
     paper_rows = {(r["method"], r["arch"]): r for r in ref["rows"] if r.get("variant") != "hub"}
     rows = []
     for (method, arch), g in summary.groupby(["method", "arch"], sort=False):
@@ -79,25 +100,48 @@ def table2_context(frames: dict, profile: str, reference: dict | None = None) ->
             if sub.empty:
                 cells[d["key"]] = {"paper": paper.get(d["key"]), "mean": None, "std": None, "n": 0}
                 continue
-            best = pick_k(sub, results[(results.dataset == d["key"]) & (results.method == method) & (results.arch == arch)])
+            best = pick_k(
+                sub, results[(results.dataset == d["key"]) & (results.method == method) & (results.arch == arch)]
+            )
             ks[d["key"]] = (int(best.k), sorted(int(k) for k in sub.k))
-            cells[d["key"]] = {"paper": paper.get(d["key"]), "mean": best.top1_mean, "std": best.top1_std,
-                               "n": int(best.n)}
+            cells[d["key"]] = {
+                "paper": paper.get(d["key"]),
+                "mean": best.top1_mean,
+                "std": best.top1_std,
+                "n": int(best.n),
+            }
         budget = results[(results.method == method) & (results.arch == arch)]
         k_best = sorted({k for k, _ in ks.values()})
         k_tried = sorted({k for _, tried in ks.values() for k in tried})
-        rows.append({"method": method, "arch": arch, "method_label": labels.METHOD_LABELS.get(method, method),
-                     "local": method in labels.LOCAL_LEARNING,
-                     "model": labels.model_label(arch), "params_paper": paper.get("params_m"),
-                     "params_ours": int(g.params.iloc[0]), "k": "/".join(map(str, k_best)),
-                     "k_tried": ", ".join(map(str, k_tried)), "cells": cells,
-                     "minibatches": int((budget.optimizer_steps * budget.k).max()) if not budget.empty else None})
+        rows.append(
+            {
+                "method": method,
+                "arch": arch,
+                "method_label": labels.METHOD_LABELS.get(method, method),
+                "local": method in labels.LOCAL_LEARNING,
+                "model": labels.model_label(arch),
+                "params_paper": paper.get("params_m"),
+                "params_ours": int(g.params.iloc[0]),
+                "k": "/".join(map(str, k_best)),
+                "k_tried": ", ".join(map(str, k_tried)),
+                "cells": cells,
+                "minibatches": int((budget.optimizer_steps * budget.k).max()) if not budget.empty else None,
+            }
+        )
     _gaps_to_backprop(rows, datasets)
     rows.sort(key=lambda r: _row_order(r["method"], r["arch"]))
     seeds = {d["key"]: ref["seeds"].get(d["key"]) for d in datasets}
-    return {"profile": profile, "setting": describe_runs(results), "datasets": datasets, "rows": rows,
-            "varies_budget": varies_budget(frames["summary"]), "gaps": any(r["method"] != "backprop" for r in rows),
-            "paper_source": ref["source"], "paper_seeds": seeds, "k_choices": ", ".join(map(str, ref["k_choices"]))}
+    return {
+        "profile": profile,
+        "setting": describe_runs(results),
+        "datasets": datasets,
+        "rows": rows,
+        "varies_budget": varies_budget(frames["summary"]),
+        "gaps": any(r["method"] != "backprop" for r in rows),
+        "paper_source": ref["source"],
+        "paper_seeds": seeds,
+        "k_choices": ", ".join(map(str, ref["k_choices"])),
+    }
 
 
 def _gaps_to_backprop(rows: list[dict], datasets: list[dict]) -> None:
@@ -109,10 +153,16 @@ def _gaps_to_backprop(rows: list[dict], datasets: list[dict]) -> None:
         for d in datasets:
             cell, ref = r["cells"][d["key"]], base["cells"][d["key"]] if base else None
             same_budget = base is not None and base["minibatches"] == r["minibatches"]
-            cell["gap"] = cell["mean"] - ref["mean"] if same_budget and not labels.missing(cell["mean"]) \
-                and not labels.missing(ref["mean"]) else None
-            cell["paper_gap"] = cell["paper"] - ref["paper"] if ref is not None and cell["paper"] is not None \
-                and ref["paper"] is not None else None
+            cell["gap"] = (
+                cell["mean"] - ref["mean"]
+                if same_budget and not labels.missing(cell["mean"]) and not labels.missing(ref["mean"])
+                else None
+            )
+            cell["paper_gap"] = (
+                cell["paper"] - ref["paper"]
+                if ref is not None and cell["paper"] is not None and ref["paper"] is not None
+                else None
+            )
 
 
 def table1_context(costs: dict, reference: dict | None = None) -> dict:
@@ -127,17 +177,35 @@ def table1_context(costs: dict, reference: dict | None = None) -> dict:
     for method in [m for m in ref["methods"] if m in set(t1.method)] + extra:  # the paper's, then local learning
         g = t1[t1.method == method].set_index("quantity")
         label = ref["methods"][method]["label"] if method in ref["methods"] else labels.METHOD_LABELS[method]
-        cells = {q: {"expr": "" if pd.isna(g.at[q, "paper_expr"]) else g.at[q, "paper_expr"],
-                     "paper": float(g.at[q, "paper"]), "ours": float(g.at[q, "measured"])} for q in QUANTITIES}
+        cells = {
+            q: {
+                "expr": "" if pd.isna(g.at[q, "paper_expr"]) else g.at[q, "paper_expr"],
+                "paper": float(g.at[q, "paper"]),
+                "ours": float(g.at[q, "measured"]),
+            }
+            for q in QUANTITIES
+        }
         rows.append({"method": method, "label": label, "cells": cells, "paper": method in ref["methods"]})
         for q in QUANTITIES:
             note = g.at[q, "note"]
             if isinstance(note, str) and note.strip():
                 notes.append({"label": label, "quantity": q, "text": note.strip()})
-    return {"rows": rows, "notes": notes, "columns": ref["columns"], "paper_source": ref["source"],
-            "arch": labels.model_label(s["arch"]), "stem": s["stem"], "image_size": s["image_size"], "width": s["width"],
-            "batch": s["batch"], "k": s["k"], "J": int(first.J), "j": int(first.j), "kind": kind,
-            "machine": info["machine"]}
+    return {
+        "rows": rows,
+        "notes": notes,
+        "columns": ref["columns"],
+        "paper_source": ref["source"],
+        "arch": labels.model_label(s["arch"]),
+        "stem": s["stem"],
+        "image_size": s["image_size"],
+        "width": s["width"],
+        "batch": s["batch"],
+        "k": s["k"],
+        "J": int(first.J),
+        "j": int(first.j),
+        "kind": kind,
+        "machine": info["machine"],
+    }
 
 
 def _run_keys(frame: pd.DataFrame) -> list[str]:
@@ -168,9 +236,17 @@ def table3_context(costs: dict, frames: dict | None, profile: str | None, refere
     acc = {a: g.set_index("row") for a, g in t3.groupby("accounting")}
     rows = []
     for i, paper_row in enumerate(ref["rows"], start=1):
-        rows.append({"row": i, "input_buffer": paper_row["input_buffer"], "param_buffer": paper_row["param_buffer"],
-                     **{a: {"gb": float(acc[a].at[i, "memory_gb"]), "saving": float(acc[a].at[i, "saving_pct"])}
-                        for a in ("paper", "formula", "real", "real_no_stem", "real_engine")}})
+        rows.append(
+            {
+                "row": i,
+                "input_buffer": paper_row["input_buffer"],
+                "param_buffer": paper_row["param_buffer"],
+                **{
+                    a: {"gb": float(acc[a].at[i, "memory_gb"]), "saving": float(acc[a].at[i, "saving_pct"])}
+                    for a in ("paper", "formula", "real", "real_no_stem", "real_engine")
+                },
+            }
+        )
     bias_mb = 1e3 * (acc["formula_conv_bias"].memory_gb - acc["formula"].memory_gb).abs().max()
     stem_gb = float(acc["real"].at[1, "memory_gb"] - acc["real_no_stem"].at[1, "memory_gb"])
     first = t3.iloc[0]
@@ -180,24 +256,50 @@ def table3_context(costs: dict, frames: dict | None, profile: str | None, refere
         by_kind = _kept_by_stage_kind(at_largest_budget(frames["memory"]))
         for r in s[s.arch.str.startswith("revnet")].itertuples():
             kinds = by_kind.get(tuple(getattr(r, key) for key in _run_keys(s)), {})
-            measured.append({"dataset": labels.DATASET_LABELS.get(r.dataset, r.dataset), "model": labels.model_label(r.arch),
-                             "width": int(r.width), "method": labels.METHOD_LABELS.get(r.method, r.method), "k": int(r.k),
-                             "stages": kinds.get("stages"),
-                             "reversible_mb": kinds.get("reversible"), "other_mb": kinds.get("other"),
-                             "total_mb": r.kept_total_mb_mean, "max_mb": r.kept_max_mb_mean, "n": int(r.n)})
+            measured.append(
+                {
+                    "dataset": labels.DATASET_LABELS.get(r.dataset, r.dataset),
+                    "model": labels.model_label(r.arch),
+                    "width": int(r.width),
+                    "method": labels.METHOD_LABELS.get(r.method, r.method),
+                    "k": int(r.k),
+                    "stages": kinds.get("stages"),
+                    "reversible_mb": kinds.get("reversible"),
+                    "other_mb": kinds.get("other"),
+                    "total_mb": r.kept_total_mb_mean,
+                    "max_mb": r.kept_max_mb_mean,
+                    "n": int(r.n),
+                }
+            )
         measured.sort(key=lambda m: (m["model"], m["method"], m["k"]))
-        backprop = {(m["dataset"], m["model"], m["width"]): m["total_mb"] for m in measured if m["method"] == "Backprop"}
+        backprop = {
+            (m["dataset"], m["model"], m["width"]): m["total_mb"] for m in measured if m["method"] == "Backprop"
+        }
         for m in measured:  # what a method keeps against backprop's kept graph, same model
             base = backprop.get((m["dataset"], m["model"], m["width"]))
             m["vs_backprop"] = m["total_mb"] / base if base else None
-    petra = [m for m in measured if m["method"] == labels.METHOD_LABELS.get("petra", "petra")
-             and m["reversible_mb"] is not None]
-    return {"rows": rows, "arch": labels.model_label(ref["arch"]), "batch": int(first.batch), "k": int(first.k),
-            "image_size": int(first.image_size), "J": int(first.num_stages), "paper_source": ref["source"],
-            "params_ours": int(costs["info"]["table3_params"]), "params_authors": int(ref["params_authors"]),
-            "bias_mb": float(bias_mb), "stem_gb": stem_gb, "measured": measured, "profile": profile,
-            "petra_reversible_max_mb": max((m["reversible_mb"] for m in petra), default=None),
-            "petra_models": "; ".join(dict.fromkeys(f'{m["model"]}, {m["stages"]} stages' for m in petra))}
+    petra = [
+        m
+        for m in measured
+        if m["method"] == labels.METHOD_LABELS.get("petra", "petra") and m["reversible_mb"] is not None
+    ]
+    return {
+        "rows": rows,
+        "arch": labels.model_label(ref["arch"]),
+        "batch": int(first.batch),
+        "k": int(first.k),
+        "image_size": int(first.image_size),
+        "J": int(first.num_stages),
+        "paper_source": ref["source"],
+        "params_ours": int(costs["info"]["table3_params"]),
+        "params_authors": int(ref["params_authors"]),
+        "bias_mb": float(bias_mb),
+        "stem_gb": stem_gb,
+        "measured": measured,
+        "profile": profile,
+        "petra_reversible_max_mb": max((m["reversible_mb"] for m in petra), default=None),
+        "petra_models": "; ".join(dict.fromkeys(f"{m['model']}, {m['stages']} stages" for m in petra)),
+    }
 
 
 def budget_context(frames: dict, profile: str, reference: dict | None = None) -> dict:
@@ -207,8 +309,15 @@ def budget_context(frames: dict, profile: str, reference: dict | None = None) ->
     reference = reference or load_paper_reference()
     summary = frames["summary"]
     paper = paper_point(reference)
-    context = {"profile": profile, "applies": varies_budget(summary), "paper": paper, "metrics": METRICS,
-               "models": [], "setting": "", "draws": DRAWS}
+    context = {
+        "profile": profile,
+        "applies": varies_budget(summary),
+        "paper": paper,
+        "metrics": METRICS,
+        "models": [],
+        "setting": "",
+        "draws": DRAWS,
+    }
     if not context["applies"]:
         return context
     frame = gap_frame(summary, frames["results"])
@@ -226,17 +335,26 @@ def _budget_model(frame: pd.DataFrame, arch: str, paper: dict) -> dict:
     series = [(m, int(k)) for m, k in frame[["method", "k"]].drop_duplicates().itertuples(index=False)]
     series.sort(key=lambda s: (labels.METHOD_ORDER.index(s[0]) if s[0] in labels.METHOD_ORDER else 99, s[1]))
     stages = frame.num_stages.iloc[0] if "num_stages" in frame else None
-    model = {"arch": arch, "model": labels.model_label(arch), "num_stages": None if pd.isna(stages) else int(stages),
-             "series": [{"label": labels.run_label(m, k), "method": m, "k": k} for m, k in series],
-             "rows": [], "trends": []}
+    model = {
+        "arch": arch,
+        "model": labels.model_label(arch),
+        "num_stages": None if pd.isna(stages) else int(stages),
+        "series": [{"label": labels.run_label(m, k), "method": m, "k": k} for m, k in series],
+        "rows": [],
+        "trends": [],
+    }
     for (minibatches, epochs), g in frame.groupby(["minibatches", "epochs"], sort=True):
         first = g.iloc[0]
         row = {"minibatches": int(minibatches), "epochs": int(epochs), "cells": {}}
         for metric in METRICS:
             row["cells"][metric] = {
-                "backprop": {"mean": first[f"backprop_{metric}"], "std": first[f"backprop_{metric}_std"],
-                             "n": int(first.backprop_n)},
-                "series": [_series_cell(g, m, k, metric) for m, k in series]}
+                "backprop": {
+                    "mean": first[f"backprop_{metric}"],
+                    "std": first[f"backprop_{metric}_std"],
+                    "n": int(first.backprop_n),
+                },
+                "series": [_series_cell(g, m, k, metric) for m, k in series],
+            }
         model["rows"].append(row)
     for m, k in series:
         for metric in METRICS:
@@ -251,15 +369,27 @@ def _series_cell(g: pd.DataFrame, method: str, k: int, metric: str) -> dict:
     if r.empty:
         return {"mean": None, "std": None, "n": 0, "gap": None, "gap_err": None}
     r = r.iloc[0]
-    return {"mean": r[metric], "std": r[f"{metric}_std"], "n": int(r.n), "gap": r[f"gap_{metric}"],
-            "gap_err": r[f"gap_{metric}_err"]}
+    return {
+        "mean": r[metric],
+        "std": r[f"{metric}_std"],
+        "n": int(r.n),
+        "gap": r[f"gap_{metric}"],
+        "gap_err": r[f"gap_{metric}_err"],
+    }
 
 
 # ---- rendering ----------------------------------------------------------------------------------
-def render_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Path, profile: str,
-               cyclic_dir: str | Path | None = None,
-               replicas_dir: str | Path | None = None, gpu_dir: str | Path | None = None,
-               populations_dir: str | Path | None = None, acco_dir: str | Path | None = None) -> list[Path]:
+def render_all(
+    results_dir: str | Path,
+    costs_dir: str | Path,
+    out_dir: str | Path,
+    profile: str,
+    cyclic_dir: str | Path | None = None,
+    replicas_dir: str | Path | None = None,
+    gpu_dir: str | Path | None = None,
+    populations_dir: str | Path | None = None,
+    acco_dir: str | Path | None = None,
+) -> list[Path]:
     """Write every table of ``TABLES`` (``.md`` and ``.tex``) into ``out_dir``; returns the paths.
 
     The replica-rule table reads ``replicas_dir`` (a profile's results; ``results_dir`` when None);
@@ -279,14 +409,16 @@ def render_all(results_dir: str | Path, costs_dir: str | Path, out_dir: str | Pa
     acco_frames, acco_profile = (frames, profile) if acco_dir is None else replicas_mod.load(acco_dir)
     costs = costs_mod.load(costs_dir)
     reference = load_paper_reference()
-    contexts = {"table1_costs": {**table1_context(costs, reference), "gpu": gpu_mod.gpu_context(gpu_mod.load(gpu_dir))},
-                "table2_accuracy": table2_context(frames, profile, reference),
-                "table3_memory": table3_context(costs, frames, profile, reference),
-                "budget_gap": budget_context(frames, profile, reference),
-                "replica_rules": rule_context(rule_frames, rule_profile),
-                "cyclic": cyclic_mod.cyclic_context(cyclic_mod.load(cyclic_dir)),
-                "populations": population_mod.population_context(pop_frames, pop_profile),
-                "acco": acco_mod.acco_context(acco_frames, acco_profile)}
+    contexts = {
+        "table1_costs": {**table1_context(costs, reference), "gpu": gpu_mod.gpu_context(gpu_mod.load(gpu_dir))},
+        "table2_accuracy": table2_context(frames, profile, reference),
+        "table3_memory": table3_context(costs, frames, profile, reference),
+        "budget_gap": budget_context(frames, profile, reference),
+        "replica_rules": rule_context(rule_frames, rule_profile),
+        "cyclic": cyclic_mod.cyclic_context(cyclic_mod.load(cyclic_dir)),
+        "populations": population_mod.population_context(pop_frames, pop_profile),
+        "acco": acco_mod.acco_context(acco_frames, acco_profile),
+    }
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []

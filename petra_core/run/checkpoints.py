@@ -13,6 +13,7 @@ Nothing is lost to a damaged file: a new ``checkpoint.pt`` is read back before t
 replaces (kept meanwhile as ``checkpoint.previous.pt``, with its parts) is deleted, and a run
 whose newest checkpoint cannot be read resumes from the previous one, saying so in one line.
 """
+
 from __future__ import annotations
 
 import os
@@ -56,8 +57,11 @@ class Checkpoints:
             manifest = runio.load_checkpoint(self.previous)  # damaged too: its own one-line error
             if self.world.is_main:
                 why = f"{damage}" if damage else f"{self.path} is missing (interrupted while being replaced)"
-                print(f"petra: warning: {why}; resuming from the previous checkpoint {self.previous} "
-                      f"(tick {manifest.get('tick')})", file=sys.stderr)
+                print(
+                    f"petra: warning: {why}; resuming from the previous checkpoint {self.previous} "
+                    f"(tick {manifest.get('tick')})",
+                    file=sys.stderr,
+                )
             self.newest_damaged = damage is not None
             return self.previous, manifest
         if damage is not None:
@@ -76,8 +80,10 @@ class Checkpoints:
         check_same_run(self.path, manifest.get("config"), self.cfg)
         ranks = manifest.get("world_size", 1)
         if ranks != self.world.world_size:
-            raise ConfigError(f"{self.path} was written by {ranks} ranks, this launch has {self.world.world_size}; "
-                              f"resume with torchrun --nproc-per-node={ranks}")
+            raise ConfigError(
+                f"{self.path} was written by {ranks} ranks, this launch has {self.world.world_size}; "
+                f"resume with torchrun --nproc-per-node={ranks}"
+            )
         return manifest
 
     def save(self, pipe, history: list[dict], model_state: dict | None) -> None:
@@ -90,9 +96,13 @@ class Checkpoints:
         if world.world_size > 1:
             names = {(r, p): part_name(r, p, tick) for r in range(mesh.replicas) for p in range(mesh.positions)}
             mine = (world.replica, world.position)
-            world.together(lambda: runio.save_checkpoint(self.parts_dir / names[mine], {
-                "coordinate": mine, "stages": pipe.stage_state_dicts(), "pipeline": pipeline}),
-                (ConfigError, ValueError))
+            world.together(
+                lambda: runio.save_checkpoint(
+                    self.parts_dir / names[mine],
+                    {"coordinate": mine, "stages": pipe.stage_state_dicts(), "pipeline": pipeline},
+                ),
+                (ConfigError, ValueError),
+            )
         replicas = {} if names is not None else {rep.index: rep.model.state_dict() for rep in pipe.replicas[1:]}
 
         def commit():  # rank 0, once every part is on disk
@@ -101,11 +111,22 @@ class Checkpoints:
                     self.path.unlink()
                 else:
                     os.replace(self.path, self.previous)
-            runio.save_checkpoint(self.path, {
-                "runtime": self.cfg.runtime, "world_size": world.world_size, "mesh": [mesh.replicas, mesh.positions],
-                "placement": format_placement(world.placement), "tick": tick, "parts": names,
-                "pipeline": pipeline if names is None else None, "model": model_state, "replica_models": replicas,
-                "history": history, "config": self.cfg.to_dict()})
+            runio.save_checkpoint(
+                self.path,
+                {
+                    "runtime": self.cfg.runtime,
+                    "world_size": world.world_size,
+                    "mesh": [mesh.replicas, mesh.positions],
+                    "placement": format_placement(world.placement),
+                    "tick": tick,
+                    "parts": names,
+                    "pipeline": pipeline if names is None else None,
+                    "model": model_state,
+                    "replica_models": replicas,
+                    "history": history,
+                    "config": self.cfg.to_dict(),
+                },
+            )
             runio.load_checkpoint(self.path)  # read back: only then is the previous one let go
             self.newest_damaged = False
             self.previous.unlink(missing_ok=True)
@@ -134,8 +155,9 @@ class Checkpoints:
                 raise ConfigError(f"{path} is missing: the checkpoint of {self.path} is incomplete")
             part = runio.load_checkpoint(path)
             if part["pipeline"]["tick"] != manifest["tick"]:
-                raise ConfigError(f"{path} is of tick {part['pipeline']['tick']}, {self.path} of tick "
-                                  f"{manifest['tick']}")
+                raise ConfigError(
+                    f"{path} is of tick {part['pipeline']['tick']}, {self.path} of tick {manifest['tick']}"
+                )
             for j, sd in part["stages"].items():
                 pipe.model[j].load_state_dict(sd)
             pipe.load_state_dict(part["pipeline"])

@@ -4,8 +4,10 @@ Unknown keys, wrong types and meaningless values are rejected before anything st
 one-line message naming the key and what is allowed. ``petra train --help-config`` prints every
 key with its default and description.
 """
+
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import typing
@@ -16,12 +18,11 @@ import yaml
 
 from ..data.sources import DATASETS
 from ..methods import METHODS
+from ..models.aux_heads import AUX_HEADS
+from ..models.specs import ARCHS
 from ..optim import OPTIMIZERS
 from ..precision import PRECISIONS
 from ..replicas import REPLICA_RULES
-from ..models.aux_heads import AUX_HEADS
-from ..models.specs import ARCHS
-
 
 _RANGES = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 
@@ -31,7 +32,11 @@ class ConfigError(ValueError):
 
 
 def _key(default, help: str, choices: tuple | None = None, example: str | None = None):
-    kw = {"default_factory": lambda: type(default)(default)} if isinstance(default, (list, dict)) else {"default": default}
+    kw = (
+        {"default_factory": lambda: type(default)(default)}
+        if isinstance(default, (list, dict))
+        else {"default": default}
+    )
     return field(**kw, metadata={"help": help, "choices": choices, "example": example})
 
 
@@ -41,13 +46,18 @@ class RunConfig:
     arch: str = _key("revnet18", "model", tuple(ARCHS))
     width: int = _key(64, "base channel width (64 = the paper's models)")
     method: str = _key("petra", "training method", tuple(METHODS))
-    aux_head: str | None = _key(None, "auxiliary head on every stage but the head, for local learning (local, "
-                                      "fg-local-w, fg-local-a): cnn or linear", (None, *AUX_HEADS))
+    aux_head: str | None = _key(
+        None,
+        "auxiliary head on every stage but the head, for local learning (local, fg-local-w, fg-local-a): cnn or linear",
+        (None, *AUX_HEADS),
+    )
     k: int = _key(1, "gradient accumulation: minibatches per optimizer step")
     seed: int = _key(0, "seed of weight initialisation, data order and augmentation")
     # data
     dataset: str = _key("synthetic", "dataset", tuple(DATASETS))
-    data_source: str | None = _key(None, "raw source to prepare from (tar.gz / image folder / pickle dir / ImageFolder root)")
+    data_source: str | None = _key(
+        None, "raw source to prepare from (tar.gz / image folder / pickle dir / ImageFolder root)"
+    )
     data_dir: str = _key("data/prepared", "where prepared datasets are kept (one sub-directory per dataset)")
     subset: int | None = _key(None, "train on the first N examples of a fixed permutation of the training set")
     synthetic_train: int = _key(2048, "synthetic dataset: training examples")
@@ -68,31 +78,57 @@ class RunConfig:
     # evaluation
     eval_every: int = _key(1, "evaluate on the test set every N epochs (and always after the last)")
     bn_reestimate_batches: int = _key(
-        50, "after training, also report top-1 with batch-norm statistics re-estimated on this many fixed "
-            "training batches (a diagnostic; 0 = off)")
+        50,
+        "after training, also report top-1 with batch-norm statistics re-estimated on this many fixed "
+        "training batches (a diagnostic; 0 = off)",
+    )
     # execution
     device: str = _key("cpu", "cpu or cuda (stages spread over the visible GPUs)", ("cpu", "cuda"))
     threads: int | None = _key(None, "torch CPU threads (default: torch's choice)")
-    prefetch: int | None = _key(None, "minibatches made ahead by a background thread (pinned on cuda); default: 4 "
-                                      "on cuda, 0 on cpu (where the cores are busy training)")
-    channels_last: bool = _key(True, "weights and activations in channels-last memory format: oneDNN's convolutions "
-                                     "ran 7-33 % faster on CPU at widths 8 and 64 (benchmarks/bench_speed.py); "
-                                     "false: contiguous NCHW")
-    precision: str = _key("fp32", "numeric precision of the stages' compute: fp32 (strict, TF32 off), tf32 (TF32 matmuls "
-                                  "and convolutions on CUDA) or bf16 (autocast; weights, gradients and the activations "
-                                  "stages send stay float32)", PRECISIONS)
-    deterministic: bool = _key(True, "deterministic algorithms and cuDNN without benchmarking (bit-exact repeatability "
-                                     "on one machine); false: cuDNN picks its fastest algorithms")
-    runtime: str = _key("simulator", "simulator (one process) or distributed (one process per rank, under torchrun)",
-                        ("simulator", "distributed"))
-    replicas: int = _key(1, "data-parallel replicas of the pipeline (the mesh's replica axis): each trains on its own "
-                            "shard of every epoch; distributed: a divisor of the number of ranks")
+    prefetch: int | None = _key(
+        None,
+        "minibatches made ahead by a background thread (pinned on cuda); default: 4 "
+        "on cuda, 0 on cpu (where the cores are busy training)",
+    )
+    channels_last: bool = _key(
+        True,
+        "weights and activations in channels-last memory format: oneDNN's convolutions "
+        "ran 7-33 % faster on CPU at widths 8 and 64 (benchmarks/bench_speed.py); "
+        "false: contiguous NCHW",
+    )
+    precision: str = _key(
+        "fp32",
+        "numeric precision of the stages' compute: fp32 (strict, TF32 off), tf32 (TF32 matmuls "
+        "and convolutions on CUDA) or bf16 (autocast; weights, gradients and the activations "
+        "stages send stay float32)",
+        PRECISIONS,
+    )
+    deterministic: bool = _key(
+        True,
+        "deterministic algorithms and cuDNN without benchmarking (bit-exact repeatability "
+        "on one machine); false: cuDNN picks its fastest algorithms",
+    )
+    runtime: str = _key(
+        "simulator",
+        "simulator (one process) or distributed (one process per rank, under torchrun)",
+        ("simulator", "distributed"),
+    )
+    replicas: int = _key(
+        1,
+        "data-parallel replicas of the pipeline (the mesh's replica axis): each trains on its own "
+        "shard of every epoch; distributed: a divisor of the number of ranks",
+    )
     replica_rule: str = _key("dp", "what the replicas do together around each optimizer step", tuple(REPLICA_RULES))
-    rule_stages: int | None = _key(None, "cdp1/cdp2: the contiguous stage groups L the cyclic delay counts (default: "
-                                         "one per stage of the model)")
-    rule_options: dict = _key({}, "the replica rule's own settings: wash {p, momentum, init}, papa {rate, "
-                                  "every, scale_with_lr, init} (petra_core/replicas/population.py), dpu {warmup} "
-                                  "(petra_core/replicas/acco.py)", example="{p: 0.005}")
+    rule_stages: int | None = _key(
+        None, "cdp1/cdp2: the contiguous stage groups L the cyclic delay counts (default: one per stage of the model)"
+    )
+    rule_options: dict = _key(
+        {},
+        "the replica rule's own settings: wash {p, momentum, init}, papa {rate, "
+        "every, scale_with_lr, init} (petra_core/replicas/population.py), dpu {warmup} "
+        "(petra_core/replicas/acco.py)",
+        example="{p: 0.005}",
+    )
     placement: str = _key("even", "distributed: stages per rank: even, balanced (measured) or ranges like 0-3,4-9")
     dist_timeout: float = _key(60.0, "distributed: seconds before a silent peer is declared failed")
     fidelity_every: int = _key(0, "every N optimizer steps, compare delayed gradients with true ones (0 = off)")
@@ -100,7 +136,7 @@ class RunConfig:
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, values: dict) -> "RunConfig":
+    def from_dict(cls, values: dict) -> RunConfig:
         if not isinstance(values, dict):
             raise ConfigError(f"a config must be a mapping of keys to values, got {type(values).__name__}")
         known = {f.name: f for f in dataclasses.fields(cls)}
@@ -108,13 +144,17 @@ class RunConfig:
         if unknown:
             raise ConfigError(f"unknown config key {unknown[0]!r}; allowed: {', '.join(known)}")
         hints = typing.get_type_hints(cls)
-        cfg = cls(**{name: _coerce(name, value, hints[name], known[name].metadata.get("example"))
-                     for name, value in values.items()})
+        cfg = cls(
+            **{
+                name: _coerce(name, value, hints[name], known[name].metadata.get("example"))
+                for name, value in values.items()
+            }
+        )
         cfg.validate()
         return cfg
 
     @classmethod
-    def load(cls, *paths: str | Path, overrides: list[str] = ()) -> "RunConfig":
+    def load(cls, *paths: str | Path, overrides: list[str] = ()) -> RunConfig:
         """Merge YAML files left to right, then ``key=value`` overrides (values parsed as YAML)."""
         values: dict = {}
         for path in paths:
@@ -143,8 +183,17 @@ class RunConfig:
             value = getattr(self, f.name)
             if choices and value not in choices:
                 raise ConfigError(f"{f.name}={value!r} is not allowed; allowed: {', '.join(map(str, choices))}")
-        positive = ["width", "k", "epochs", "batch_size", "eval_batch_size", "synthetic_train", "synthetic_test",
-                    "eval_every", "replicas"]
+        positive = [
+            "width",
+            "k",
+            "epochs",
+            "batch_size",
+            "eval_batch_size",
+            "synthetic_train",
+            "synthetic_test",
+            "eval_every",
+            "replicas",
+        ]
         if self.prefetch is not None and self.prefetch < 0:
             raise ConfigError(f"prefetch={self.prefetch!r} must be >= 0")
         for name in positive + ["subset", "threads"]:
@@ -153,24 +202,36 @@ class RunConfig:
                 raise ConfigError(f"{name}={value!r} must be >= 1")
         if self.synthetic_classes < 2:
             raise ConfigError(f"synthetic_classes={self.synthetic_classes!r} must be >= 2")
-        for name in ("base_lr", "momentum", "weight_decay", "warmup_epochs", "gamma", "fidelity_every",
-                     "bn_reestimate_batches"):
+        for name in (
+            "base_lr",
+            "momentum",
+            "weight_decay",
+            "warmup_epochs",
+            "gamma",
+            "fidelity_every",
+            "bn_reestimate_batches",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
         if any(not isinstance(m, (int, float)) or isinstance(m, bool) or m <= 0 for m in self.milestones):
-            raise ConfigError(f"milestones={self.milestones!r} must be a list of positive epoch numbers, e.g. "
-                              f"milestones=[150, 225]")
+            raise ConfigError(
+                f"milestones={self.milestones!r} must be a list of positive epoch numbers, e.g. milestones=[150, 225]"
+            )
         if self.dist_timeout <= 0:
             raise ConfigError(f"dist_timeout={self.dist_timeout!r} must be > 0 (seconds)")
         if self.placement not in ("even", "balanced") and not _RANGES.fullmatch(self.placement.replace(" ", "")):
-            raise ConfigError(f"placement={self.placement!r} is not allowed; allowed: even, balanced, or inclusive "
-                              f"stage ranges in rank order like 0-3,4-9")
+            raise ConfigError(
+                f"placement={self.placement!r} is not allowed; allowed: even, balanced, or inclusive "
+                f"stage ranges in rank order like 0-3,4-9"
+            )
         if self.rule_stages is not None:
             from ..replicas.registry import STAGED
 
             if self.replica_rule not in STAGED:
-                raise ConfigError(f"rule_stages={self.rule_stages!r} is only used by replica_rule {' or '.join(STAGED)}; "
-                                  f"replica_rule={self.replica_rule!r} would ignore it (use rule_stages=null)")
+                raise ConfigError(
+                    f"rule_stages={self.rule_stages!r} is only used by replica_rule {' or '.join(STAGED)}; "
+                    f"replica_rule={self.replica_rule!r} would ignore it (use rule_stages=null)"
+                )
             if self.rule_stages < 1:
                 raise ConfigError(f"rule_stages={self.rule_stages!r} must be >= 1")
         if self.rule_options:
@@ -181,22 +242,31 @@ class RunConfig:
             except (TypeError, ValueError) as err:
                 raise ConfigError(f"rule_options={self.rule_options!r}: {err}") from None
         if self.runtime == "distributed" and self.fidelity_every:
-            raise ConfigError(f"fidelity_every={self.fidelity_every!r} needs runtime=simulator (the true gradient "
-                              f"needs the whole model in one process); use fidelity_every=0")
+            raise ConfigError(
+                f"fidelity_every={self.fidelity_every!r} needs runtime=simulator (the true gradient "
+                f"needs the whole model in one process); use fidelity_every=0"
+            )
         method = METHODS[self.method]
         if method.needs_aux and self.aux_head is None:
-            raise ConfigError(f"method={self.method!r} trains stages from auxiliary heads; set aux_head (allowed: "
-                              f"{', '.join(AUX_HEADS)})")
+            raise ConfigError(
+                f"method={self.method!r} trains stages from auxiliary heads; set aux_head (allowed: "
+                f"{', '.join(AUX_HEADS)})"
+            )
         if self.aux_head is not None and not method.needs_aux:
-            raise ConfigError(f"aux_head={self.aux_head!r} is only used by local learning; method={self.method!r} "
-                              f"would leave the heads untrained (use aux_head=null, or method local, fg-local-w, "
-                              f"fg-local-a)")
+            raise ConfigError(
+                f"aux_head={self.aux_head!r} is only used by local learning; method={self.method!r} "
+                f"would leave the heads untrained (use aux_head=null, or method local, fg-local-w, "
+                f"fg-local-a)"
+            )
         if method.needs_reversible and not ARCHS[self.arch].reversible:
-            raise ConfigError(f"method={self.method!r} needs a reversible model, arch={self.arch!r} has none; "
-                              f"use a revnet, or method dsp")
+            raise ConfigError(
+                f"method={self.method!r} needs a reversible model, arch={self.arch!r} has none; "
+                f"use a revnet, or method dsp"
+            )
         if self.dataset != "synthetic" and self.data_source is None and not self.prepared_path().exists():
-            raise ConfigError(f"dataset={self.dataset!r} needs data_source (raw data) or a prepared copy in "
-                              f"{self.prepared_path()}")
+            raise ConfigError(
+                f"dataset={self.dataset!r} needs data_source (raw data) or a prepared copy in {self.prepared_path()}"
+            )
 
     def prepared_path(self) -> Path:
         return Path(self.data_dir) / self.dataset
@@ -227,10 +297,8 @@ def _coerce(name: str, value, tp, example: str | None = None):
     optional = type(None) in args
     base = next((a for a in args if a is not type(None)), tp)
     if base is float and isinstance(value, str):  # YAML 1.1 reads 5e-4 (no dot) as a string
-        try:
+        with contextlib.suppress(ValueError):
             value = float(value)
-        except ValueError:
-            pass
     if value is None:
         if optional:
             return None
@@ -259,5 +327,6 @@ def check_same_run(where: object, saved: dict | None, cfg: RunConfig) -> None:
     saved = RunConfig.from_dict(saved).to_dict()
     for key, value in cfg.to_dict().items():
         if key not in WATCH_KEYS and saved.get(key) != value:
-            raise ConfigError(f"{where} holds a run with {key}={saved.get(key)!r}, not {value!r}; "
-                              f"use another run directory")
+            raise ConfigError(
+                f"{where} holds a run with {key}={saved.get(key)!r}, not {value!r}; use another run directory"
+            )

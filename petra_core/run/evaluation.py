@@ -6,6 +6,7 @@ statistics can lag the weights. :func:`reestimate_batch_norm` recomputes them (a
 over a fixed set of training batches, weights untouched, on a copy) so that a run can report both
 numbers: the gap between them is what the statistics, not the weights, cost.
 """
+
 from __future__ import annotations
 
 import copy

@@ -12,6 +12,7 @@ The floats each replica put into collectives per optimizer step, counted by the 
 of the world (gradient all-reduces for ``dp``/``cdp``, PAPA's averages, WASH's gathers), are
 ``metrics.json``'s ``floats_sent_per_step`` for every run.
 """
+
 from __future__ import annotations
 
 import copy
@@ -65,10 +66,16 @@ def evaluate_population(models, test_stream, train_stream, bn_batches: int) -> d
     """The ``population`` record of ``models`` (see the module docstring), floats not included."""
     members, ensemble = members_and_ensemble(models, test_stream)
     average = average_model(models)
-    out = {"replicas": len(models), "members_top1": members, "members_top1_mean": sum(members) / len(members),
-           "ensemble_top1": ensemble, "average_top1": evaluate(average, test_stream)["top1"]}
+    out = {
+        "replicas": len(models),
+        "members_top1": members,
+        "members_top1_mean": sum(members) / len(members),
+        "ensemble_top1": ensemble,
+        "average_top1": evaluate(average, test_stream)["top1"],
+    }
     if bn_batches:
-        out["average_top1_bn_reestimated"] = evaluate(reestimate_batch_norm(average, train_stream, bn_batches),
-                                                      test_stream)["top1"]
+        out["average_top1_bn_reestimated"] = evaluate(
+            reestimate_batch_norm(average, train_stream, bn_batches), test_stream
+        )["top1"]
         out["bn_reestimate_batches"] = min(bn_batches, train_stream.num_batches)
     return out

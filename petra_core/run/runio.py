@@ -4,6 +4,7 @@ A run directory holds ``config.yaml`` (resolved), ``env.json`` (versions, git re
 device, threads), ``history.json`` (one record per epoch), ``metrics.json`` (final) and
 ``checkpoint.pt`` (everything needed to resume exactly, including the in-flight pipeline).
 """
+
 from __future__ import annotations
 
 import json
@@ -106,10 +107,14 @@ def _what(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[:160]}" if text else type(err).__name__
 
 
-RECORD_ADVICE = ("a full disk, an interrupted copy or a partial pull leaves files so; restore it from git "
-                 "(git checkout -- FILE) or train the run again")
-CHECKPOINT_ADVICE = ("a full disk, an interrupted copy or a partial `dvc pull` leaves files so; fetch it again "
-                     "(dvc pull), or delete it to train the run from the start")
+RECORD_ADVICE = (
+    "a full disk, an interrupted copy or a partial pull leaves files so; restore it from git "
+    "(git checkout -- FILE) or train the run again"
+)
+CHECKPOINT_ADVICE = (
+    "a full disk, an interrupted copy or a partial `dvc pull` leaves files so; fetch it again "
+    "(dvc pull), or delete it to train the run from the start"
+)
 
 
 def read_json(path: Path):
@@ -155,8 +160,13 @@ def changed_files(here: Path, outputs: tuple[str, ...] = ()) -> list[str]:
     and ``outputs`` (paths from the repository's top, such as a benchmark's own records). Raises
     OSError or subprocess.TimeoutExpired if git cannot be asked."""
     exclude = [f":(top,exclude){path}" for path in (RECORDS_ROOT, *outputs)]
-    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":/", *exclude],
-                            cwd=here, capture_output=True, text=True, timeout=10)
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ":/", *exclude],
+        cwd=here,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
     return [line[3:] for line in status.stdout.split("\n") if line.strip()]
 
 
@@ -182,12 +192,19 @@ def environment(device: str) -> dict:
     from .. import __version__
 
     env = {
-        "petra": __version__, "git_revision": git_revision(), "python": sys.version.split()[0],
-        "torch": torch.__version__, "torchvision": torchvision.__version__, "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(), "device": device,
+        "petra": __version__,
+        "git_revision": git_revision(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": device,
         # what decides whether another machine can reproduce the run's bits (``petra verify``)
-        "cpu_model": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_model": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         **numerics(),
     }
     if device == "cuda" and torch.cuda.is_available():

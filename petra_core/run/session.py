@@ -12,17 +12,15 @@ collectives, the model to evaluate and the checkpoint (``checkpoints.py``).
 With R replicas each epoch's B minibatches are shared out in turn: replica r trains on the
 epoch's minibatches r, r + R, ... (B // R of them; the last B mod R are left out).
 """
+
 from __future__ import annotations
 
 import copy
-
 import os
 from pathlib import Path
 
 import torch
 
-
-from .config import ConfigError, RunConfig
 from ..accounting import measure_stage_costs
 from ..data import DataError, Prefetcher, build_data
 from ..engine import LocalWorld, Pipeline, assemble
@@ -31,6 +29,7 @@ from ..models import build_model
 from ..optim import Recipe
 from ..replicas import get_rule
 from .checkpoints import Checkpoints
+from .config import ConfigError, RunConfig
 
 USER_ERRORS = (ConfigError, DataError, ValueError)  # raised by every rank together, one line each
 
@@ -38,8 +37,13 @@ USER_ERRORS = (ConfigError, DataError, ValueError)  # raised by every rank toget
 def load_data(cfg: RunConfig):
     common = dict(batch_size=cfg.batch_size, seed=cfg.seed, subset=cfg.subset, eval_batch_size=cfg.eval_batch_size)
     if cfg.dataset == "synthetic":
-        return build_data("synthetic", n_train=cfg.synthetic_train, n_test=cfg.synthetic_test,
-                          num_classes=cfg.synthetic_classes, **common)
+        return build_data(
+            "synthetic",
+            n_train=cfg.synthetic_train,
+            n_test=cfg.synthetic_test,
+            num_classes=cfg.synthetic_classes,
+            **common,
+        )
     return build_data(cfg.dataset, source=cfg.data_source, prepared_dir=cfg.prepared_path(), **common)
 
 
@@ -60,14 +64,23 @@ def local_devices(device: torch.device) -> list[torch.device] | None:
 
 
 def recipe_of(cfg: RunConfig) -> Recipe:
-    return Recipe(base_lr=cfg.base_lr, momentum=cfg.momentum, nesterov=True, weight_decay=cfg.weight_decay,
-                  warmup_epochs=cfg.warmup_epochs, milestones=tuple(cfg.milestones), gamma=cfg.gamma,
-                  scale_lr=cfg.scale_lr, optimizer=cfg.optimizer)
+    return Recipe(
+        base_lr=cfg.base_lr,
+        momentum=cfg.momentum,
+        nesterov=True,
+        weight_decay=cfg.weight_decay,
+        warmup_epochs=cfg.warmup_epochs,
+        milestones=tuple(cfg.milestones),
+        gamma=cfg.gamma,
+        scale_lr=cfg.scale_lr,
+        optimizer=cfg.optimizer,
+    )
 
 
 def finite(module) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in (*module.parameters(), *module.buffers())
-               if t.is_floating_point())
+    return all(
+        bool(torch.isfinite(t).all()) for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()
+    )
 
 
 def torchrun_command(args: list[str], nprocs: int = 2) -> str:
@@ -79,8 +92,9 @@ def torchrun_command(args: list[str], nprocs: int = 2) -> str:
 class Session:
     """The world, data, model and pipeline of one run, and its checkpoints."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, device: torch.device, *, checkpoint_dir: Path | None = None,
-                 on_start=None):
+    def __init__(
+        self, cfg: RunConfig, run_dir: Path, device: torch.device, *, checkpoint_dir: Path | None = None, on_start=None
+    ):
         self.cfg, self.run_dir = cfg, run_dir
         checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else run_dir
         self.pipe, self.data, self.manifest, self.prefetcher = None, None, None, None
@@ -89,8 +103,10 @@ class Session:
             from ..engine.launch import init_distributed
 
             if "WORLD_SIZE" not in os.environ:
-                raise ConfigError("runtime=distributed runs one process per rank: launch it with torchrun, "
-                                  "e.g. " + torchrun_command(["CONFIG...", "runtime=distributed"]))
+                raise ConfigError(
+                    "runtime=distributed runs one process per rank: launch it with torchrun, "
+                    "e.g. " + torchrun_command(["CONFIG...", "runtime=distributed"])
+                )
             device = init_distributed(timeout=cfg.dist_timeout, device=device)
             try:
                 self.world = DistributedWorld(device, timeout=cfg.dist_timeout, replicas=cfg.replicas)
@@ -98,8 +114,10 @@ class Session:
                 raise ConfigError(str(err)) from None
         else:
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-                raise ConfigError(f"runtime=simulator in a launch of {os.environ['WORLD_SIZE']} processes "
-                                  f"(WORLD_SIZE); add runtime=distributed, or run it as one process")
+                raise ConfigError(
+                    f"runtime=simulator in a launch of {os.environ['WORLD_SIZE']} processes "
+                    f"(WORLD_SIZE); add runtime=distributed, or run it as one process"
+                )
             self.world = LocalWorld(devices=local_devices(device), replicas=cfg.replicas)
         self.is_main = self.world.is_main
         self.checkpoints = Checkpoints(checkpoint_dir, cfg, self.world)
@@ -131,8 +149,10 @@ class Session:
         B, num_classes, stem = world.share(self.together(read_data))
         R = cfg.replicas
         if B < R:
-            raise ConfigError(f"replicas={R} needs at least {R} minibatches per epoch, the training set gives {B} "
-                              f"(batch_size={cfg.batch_size})")
+            raise ConfigError(
+                f"replicas={R} needs at least {R} minibatches per epoch, the training set gives {B} "
+                f"(batch_size={cfg.batch_size})"
+            )
         self.batches_per_epoch = B // R  # each replica's
         self.stream_batches_per_epoch = G = B // R * R  # all replicas' together: the stream's epoch
         self.model = make_model(cfg, num_classes, stem)
@@ -142,16 +162,33 @@ class Session:
 
         ahead = cfg.prefetch if cfg.prefetch is not None else (4 if cfg.device == "cuda" else 0)
         if ahead and world.position == 0:
-            get_batch = self.prefetcher = Prefetcher(get_batch, ahead=ahead, pin=cfg.device == "cuda",
-                                                     limit=cfg.epochs * G, stride=1 if world.world_size == 1 else R)
+            get_batch = self.prefetcher = Prefetcher(
+                get_batch,
+                ahead=ahead,
+                pin=cfg.device == "cuda",
+                limit=cfg.epochs * G,
+                stride=1 if world.world_size == 1 else R,
+            )
 
-        self.pipe: Pipeline = self.together(lambda: Pipeline(**assemble(
-            self.model, cfg.method, world, num_batches=cfg.epochs * self.batches_per_epoch,
-            get_batch=get_batch if world.position == 0 else None, batch_size=cfg.batch_size, k=cfg.k,
-            recipe=recipe_of(cfg), batches_per_epoch=self.batches_per_epoch, placement=placement,
-            measure=measure_stage_costs, rule=get_rule(cfg.replica_rule, stages=cfg.rule_stages, options=cfg.rule_options,
-                                                   seed=cfg.seed),
-            precision=cfg.precision)))
+        self.pipe: Pipeline = self.together(
+            lambda: Pipeline(
+                **assemble(
+                    self.model,
+                    cfg.method,
+                    world,
+                    num_batches=cfg.epochs * self.batches_per_epoch,
+                    get_batch=get_batch if world.position == 0 else None,
+                    batch_size=cfg.batch_size,
+                    k=cfg.k,
+                    recipe=recipe_of(cfg),
+                    batches_per_epoch=self.batches_per_epoch,
+                    placement=placement,
+                    measure=measure_stage_costs,
+                    rule=get_rule(cfg.replica_rule, stages=cfg.rule_stages, options=cfg.rule_options, seed=cfg.seed),
+                    precision=cfg.precision,
+                )
+            )
+        )
 
     # ---- keeping ranks in step (trivial in one process) ------------------------------------------
     def together(self, fn):
@@ -185,7 +222,7 @@ class Session:
         for j, stage in enumerate(self.model):
             if j not in self.pipe.stages:  # never touch the stages in training (autograd versions)
                 prefix = f"{j}."
-                stage.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+                stage.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
                 stage.to(next(self.model[0].parameters()).device)
         return self.model
 
@@ -213,8 +250,12 @@ class Session:
         return sum(f for holds_0, f in parts if holds_0)
 
     def environment(self) -> dict:
-        env = {"runtime": self.cfg.runtime, "world_size": self.world.world_size, "mesh": str(self.world.mesh),
-               "placement": format_placement(self.world.placement)}
+        env = {
+            "runtime": self.cfg.runtime,
+            "world_size": self.world.world_size,
+            "mesh": str(self.world.mesh),
+            "placement": format_placement(self.world.placement),
+        }
         if hasattr(self.world, "backend"):
             env["backend"] = self.world.backend
         return env

@@ -14,6 +14,7 @@ the run files, and at every tick boundary the ranks agree on whether to stop, so
 checkpoint at the same tick. With R replicas an epoch is the stream's B // R · R minibatches,
 B // R for each replica; the history counts the stream's.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,10 +26,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import runio
-from .config import ConfigError, RunConfig, check_same_run
 from ..data import DataError
 from ..precision import set_numerics
+from . import runio
+from .config import ConfigError, RunConfig, check_same_run
 from .evaluation import evaluate, reestimate_batch_norm
 from .population import evaluate_population
 from .session import Session
@@ -70,8 +71,15 @@ def stop_on_signals():
             signal.signal(s, h)
 
 
-def train(cfg: RunConfig, run_dir: str | Path, *, checkpoint_dir: str | Path | None = None, on_tick=None,
-          log=print, until_epoch: int | None = None) -> dict:
+def train(
+    cfg: RunConfig,
+    run_dir: str | Path,
+    *,
+    checkpoint_dir: str | Path | None = None,
+    on_tick=None,
+    log=print,
+    until_epoch: int | None = None,
+) -> dict:
     """Run (or resume, or report) the run ``cfg`` in ``run_dir``; returns the final metrics.
 
     ``until_epoch``: stop after that many epochs (checkpoint written, no metrics.json) and return
@@ -89,8 +97,9 @@ def train(cfg: RunConfig, run_dir: str | Path, *, checkpoint_dir: str | Path | N
         log(f"{run_dir}: already finished")
         return runio.read_json(run_dir / runio.METRICS)
     device = setup_runtime(cfg)
-    rt = Session(cfg, run_dir, device, checkpoint_dir=checkpoint_dir,
-                 on_start=None if on_tick is None else lambda: on_tick(-1))
+    rt = Session(
+        cfg, run_dir, device, checkpoint_dir=checkpoint_dir, on_start=None if on_tick is None else lambda: on_tick(-1)
+    )
     ok = False
     try:
         metrics = Trainer(rt, cfg, run_dir, on_tick, log, until_epoch=until_epoch).run()
@@ -112,8 +121,9 @@ class Trainer:
     epoch's last tick) → :meth:`stop_if_signalled`, and :meth:`finish`. Every rank of a
     distributed run runs the same phases at the same ticks (the collectives keep them in step)."""
 
-    def __init__(self, session: Session, cfg: RunConfig, run_dir: Path, on_tick=None, log=print,
-                 until_epoch: int | None = None):
+    def __init__(
+        self, session: Session, cfg: RunConfig, run_dir: Path, on_tick=None, log=print, until_epoch: int | None = None
+    ):
         self.rt, self.cfg, self.run_dir, self.on_tick, self.log = session, cfg, run_dir, on_tick, log
         self.until_epoch = until_epoch
         self.pipe = session.pipe
@@ -134,8 +144,10 @@ class Trainer:
             if rt.is_main:
                 if self.history:  # a run dir restored from a checkpoint alone gets its history back
                     runio.write_json(self.run_dir / runio.HISTORY, self.history)
-                self.log(f"{self.run_dir}: resuming at tick {pipe.tick} of {pipe.schedule.num_ticks} "
-                         f"(epoch {len(self.history)})")
+                self.log(
+                    f"{self.run_dir}: resuming at tick {pipe.tick} of {pipe.schedule.num_ticks} "
+                    f"(epoch {len(self.history)})"
+                )
         self.saved = {"tick": pipe.tick if rt.checkpoint_path.exists() else None, "epochs": len(self.history)}
         self.fidelity = FidelityLog(self.run_dir / runio.FIDELITY, pipe, self.cfg.fidelity_every)
         self.checked = len(pipe.head_log)
@@ -152,8 +164,13 @@ class Trainer:
         self.resume()
         self.write_run_files()
         cfg, pipe = self.cfg, self.pipe
-        bar = tqdm(total=pipe.schedule.num_ticks, initial=pipe.tick, disable=not (cfg.progress and self.rt.is_main),
-                   unit="tick", desc=f"{cfg.method} {cfg.arch}")
+        bar = tqdm(
+            total=pipe.schedule.num_ticks,
+            initial=pipe.tick,
+            disable=not (cfg.progress and self.rt.is_main),
+            unit="tick",
+            desc=f"{cfg.method} {cfg.arch}",
+        )
         with stop_on_signals() as stop, bar:
             while not pipe.done:
                 self.advance()
@@ -181,11 +198,13 @@ class Trainer:
         """Read the heads' losses (a device -> host copy); what is wrong with the first non-finite one."""
         diverged = None
         records = self.pipe.head_log  # where a head lives
-        for r in records[self.checked:]:
+        for r in records[self.checked :]:
             self.images_done += r.n
             if not math.isfinite(r.loss) and diverged is None:
-                diverged = (f"training loss is {r.loss} at minibatch {r.mb} (epoch {r.mb // self.G + 1}, "
-                            f"batch {r.mb % self.G + 1})")
+                diverged = (
+                    f"training loss is {r.loss} at minibatch {r.mb} (epoch {r.mb // self.G + 1}, "
+                    f"batch {r.mb % self.G + 1})"
+                )
         self.checked = len(records)
         if records:
             bar.set_postfix(loss=f"{records[-1].loss:.3f}", img_s=f"{self.images_done / max(self.tick_time, 1e-9):.0f}")
@@ -231,14 +250,18 @@ class Trainer:
         if not self.rt.all_finite():  # a NaN loss may lie between two reads of the head's log
             self.diverged(f"weights are NaN or infinite at tick {self.pipe.tick}")
         self.checkpoint()
-        raise Interrupted(f"{signalled} at tick {self.pipe.tick}; checkpoint written to {self.rt.checkpoint_path}; "
-                          f"run the same command again to resume")
+        raise Interrupted(
+            f"{signalled} at tick {self.pipe.tick}; checkpoint written to {self.rt.checkpoint_path}; "
+            f"run the same command again to resume"
+        )
 
     def finish(self) -> dict:
         """The run's metrics (rank 0 writes metrics.json; every rank returns them)."""
         rt, pipe, cfg = self.rt, self.pipe, self.cfg
         steps = pipe.workers[0].steps  # stage 0's (rank 0)
-        peaks = pipe.gather_object([sum(w.peak_kept.values()) for w in pipe.workers] if 0 in pipe.world.replicas else [])
+        peaks = pipe.gather_object(
+            [sum(w.peak_kept.values()) for w in pipe.workers] if 0 in pipe.world.replicas else []
+        )
         model = rt.model_for_eval() if cfg.bn_reestimate_batches else None
         floats = rt.floats_sent_per_replica()
         # replicas whose weights a rule keeps identical (the sharded rules' all-gather) form no population
@@ -246,20 +269,28 @@ class Trainer:
 
         def write():
             metrics = final_metrics(self.history, steps, [p for part in peaks for p in part])
-            metrics.update(params=rt.model.num_params(), aux_params=rt.model.num_params(aux=True),
-                           stages=len(rt.model), stage_kinds=rt.model.kinds)
+            metrics.update(
+                params=rt.model.num_params(),
+                aux_params=rt.model.num_params(aux=True),
+                stages=len(rt.model),
+                stage_kinds=rt.model.kinds,
+            )
             if model is not None:
                 start = time.perf_counter()
                 test = evaluate(reestimate_batch_norm(model, rt.data.train, cfg.bn_reestimate_batches), rt.data.test)
-                metrics.update(top1_bn_reestimated=test["top1"], top5_bn_reestimated=test["top5"],
-                               test_loss_bn_reestimated=test["test_loss"],
-                               bn_reestimate_batches=min(cfg.bn_reestimate_batches, rt.data.train.num_batches),
-                               bn_reestimate_time_s=time.perf_counter() - start)
+                metrics.update(
+                    top1_bn_reestimated=test["top1"],
+                    top5_bn_reestimated=test["top5"],
+                    test_loss_bn_reestimated=test["test_loss"],
+                    bn_reestimate_batches=min(cfg.bn_reestimate_batches, rt.data.train.num_batches),
+                    bn_reestimate_time_s=time.perf_counter() - start,
+                )
             metrics["floats_sent_per_step"] = floats / steps if steps else None  # per replica, counted by the world
             if population is not None:
                 start = time.perf_counter()
-                metrics["population"] = evaluate_population(population, rt.data.test, rt.data.train,
-                                                            cfg.bn_reestimate_batches)
+                metrics["population"] = evaluate_population(
+                    population, rt.data.test, rt.data.train, cfg.bn_reestimate_batches
+                )
                 metrics["population_eval_time_s"] = time.perf_counter() - start
             runio.write_json(self.run_dir / runio.METRICS, metrics)
             return metrics
@@ -335,11 +366,17 @@ def final_metrics(history: list[dict], optimizer_steps: int, peak_kept_bytes: li
     evaluated = [h["top1"] for h in history if h["top1"] is not None]
     tail = [h["top1"] for h in history[-10:] if h["top1"] is not None]
     return {
-        "top1": last["top1"], "top5": last["top5"], "test_loss": last["test_loss"],
-        "train_loss": last["train_loss"], "train_acc": last["train_acc"],
+        "top1": last["top1"],
+        "top5": last["top5"],
+        "test_loss": last["test_loss"],
+        "train_loss": last["train_loss"],
+        "train_acc": last["train_acc"],
         "best_top1": max(evaluated),
         "top1_last10_mean": sum(tail) / len(tail),
-        "epochs": len(history), "optimizer_steps": optimizer_steps, "peak_kept_bytes": peak_kept_bytes,
-        "images_per_s": sum(h["images_per_s"] * h["wall_time_s"] for h in history) / sum(h["wall_time_s"] for h in history),
+        "epochs": len(history),
+        "optimizer_steps": optimizer_steps,
+        "peak_kept_bytes": peak_kept_bytes,
+        "images_per_s": sum(h["images_per_s"] * h["wall_time_s"] for h in history)
+        / sum(h["wall_time_s"] for h in history),
         "wall_time_s": sum(h["wall_time_s"] + h["eval_time_s"] for h in history),
     }

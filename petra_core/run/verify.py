@@ -8,6 +8,7 @@ set (``torch.backends.cpu.get_cpu_capability()``) and model, the number of threa
 (and on CUDA the GPU, CUDA and cuDNN). Each of those is compared from the record's ``env.json``;
 one the record does not hold (a record older than these fields) is "unknown".
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,13 @@ from pathlib import Path
 from . import runio
 from .config import RunConfig
 
-TIMING = {"images_per_s", "wall_time_s", "eval_time_s", "bn_reestimate_time_s", "population_eval_time_s"}  # differ run to run
+TIMING = {
+    "images_per_s",
+    "wall_time_s",
+    "eval_time_s",
+    "bn_reestimate_time_s",
+    "population_eval_time_s",
+}  # differ run to run
 # what decides a run's bits, as env.json names it; "gpus", "cuda", "cudnn" only on CUDA
 DECISIVE = ("git_revision", "torch", "cpu_capability", "cpu_model", "torch_threads", "device", "gpus", "cuda", "cudnn")
 
@@ -50,8 +57,9 @@ def differences(recorded: list[dict], now: list[dict], epochs: int) -> list[dict
     return diffs
 
 
-def verify(run_dir: str | Path, epochs: int = 1, overrides: list[str] = (), work_dir: str | Path | None = None,
-           log=print) -> dict:
+def verify(
+    run_dir: str | Path, epochs: int = 1, overrides: list[str] = (), work_dir: str | Path | None = None, log=print
+) -> dict:
     """Retrain ``epochs`` epochs of ``run_dir``'s config (+ ``overrides``) in ``work_dir`` (a temporary
     directory by default) and compare with the record. Returns the report (see :func:`format_report`)."""
     from .trainer import train
@@ -62,7 +70,9 @@ def verify(run_dir: str | Path, epochs: int = 1, overrides: list[str] = (), work
             raise ValueError(f"{run_dir} is not a recorded run: it has no {name}")
     recorded = runio.read_json(run_dir / runio.HISTORY)
     if not isinstance(epochs, int) or not 1 <= epochs <= len(recorded):
-        raise ValueError(f"--epochs {epochs!r} is not allowed; the record has {len(recorded)} epoch(s): 1..{len(recorded)}")
+        raise ValueError(
+            f"--epochs {epochs!r} is not allowed; the record has {len(recorded)} epoch(s): 1..{len(recorded)}"
+        )
     cfg = RunConfig.load(run_dir / runio.CONFIG, overrides=["progress=false", *overrides])
     env = runio.read_json(run_dir / runio.ENV) if (run_dir / runio.ENV).exists() else {}
     with tempfile.TemporaryDirectory(prefix="petra-verify-", dir=work_dir) as tmp:
@@ -74,8 +84,14 @@ def verify(run_dir: str | Path, epochs: int = 1, overrides: list[str] = (), work
     expect = expectations(env, now_env)
     if overrides:
         expect.append({"key": "config", "record": "as recorded", "here": " ".join(overrides), "same": False})
-    return {"run_dir": str(run_dir), "epochs": epochs, "identical": not diffs, "differences": diffs,
-            "expected": all(r["same"] for r in expect), "expectations": expect}
+    return {
+        "run_dir": str(run_dir),
+        "epochs": epochs,
+        "identical": not diffs,
+        "differences": diffs,
+        "expected": all(r["same"] for r in expect),
+        "expectations": expect,
+    }
 
 
 def format_report(report: dict) -> str:
@@ -87,8 +103,11 @@ def format_report(report: dict) -> str:
         for d in report["differences"]:
             extra = f" ({d['difference']:+.6g})" if "difference" in d else ""
             lines.append(f"  epoch {d['epoch']} {d['key']}: record {d['record']!r}, here {d['here']!r}{extra}")
-    lines.append("bit identity was expected: everything that decides the bits is the same" if report["expected"]
-                 else "bit identity was not guaranteed: what decides the bits differs or is not recorded")
+    lines.append(
+        "bit identity was expected: everything that decides the bits is the same"
+        if report["expected"]
+        else "bit identity was not guaranteed: what decides the bits differs or is not recorded"
+    )
     for r in report["expectations"]:
         mark = {True: "same", False: "differs", None: "unknown (not in the record)"}[r["same"]]
         if r["key"] == "git_revision" and str(r["record"]).endswith("-dirty"):

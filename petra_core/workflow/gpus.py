@@ -8,6 +8,7 @@ if it is killed), sets ``CUDA_VISIBLE_DEVICES`` to them and replaces itself with
 On SLURM the job's ``CUDA_VISIBLE_DEVICES`` is what it may use, and it claims among those. With
 N = 0 the command sees no GPU.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -67,10 +68,13 @@ def cmd_with_gpus(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("with-gpus", help="run a command on N GPUs no other `petra with-gpus` holds",
-                       description="Claim N free GPUs (lock files, released when the command exits), set "
-                                   "CUDA_VISIBLE_DEVICES to them and run COMMAND. Used by the Snakemake train rule "
-                                   "so that local runs share the machine's GPUs one each.")
+    p = sub.add_parser(
+        "with-gpus",
+        help="run a command on N GPUs no other `petra with-gpus` holds",
+        description="Claim N free GPUs (lock files, released when the command exits), set "
+        "CUDA_VISIBLE_DEVICES to them and run COMMAND. Used by the Snakemake train rule "
+        "so that local runs share the machine's GPUs one each.",
+    )
     p.add_argument("n", type=int, metavar="N", help="GPUs to claim (0: the command sees none)")
     p.add_argument("command", nargs="...", metavar="-- COMMAND", help="the command and its arguments")
     p.set_defaults(func=cmd_with_gpus)

@@ -12,6 +12,7 @@ carry its own ``run_name``, and two runs may never share a name.
 the Snakemake rules and the DVC params generator all take runs, directories, the keys that tell
 runs apart and the wildcard patterns from here.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -32,8 +33,18 @@ CHECKPOINT_DIR_PATTERN = "checkpoints/{profile}/{dataset}/{model}/{run}"
 WILDCARDS = {"model": r"[a-z]+[0-9]+-w[0-9]+", "run": r"[^/]+"}
 IDENTITY = ("profile", "dataset", "arch", "width", "method", "k", "seed")  # what every results row starts with
 
-__all__ = ["GridRun", "IDENTITY", "RUN_DIR_PATTERN", "WATCH_KEYS", "WILDCARDS", "as_override", "default_run_dir",
-           "load_profile", "runs", "varying_keys"]
+__all__ = [
+    "GridRun",
+    "IDENTITY",
+    "RUN_DIR_PATTERN",
+    "WATCH_KEYS",
+    "WILDCARDS",
+    "as_override",
+    "default_run_dir",
+    "load_profile",
+    "runs",
+    "varying_keys",
+]
 
 
 @dataclass(frozen=True)
@@ -92,15 +103,19 @@ def runs(profile: dict) -> list[GridRun]:
             try:
                 name = pattern.format(**config.to_dict())
             except (KeyError, IndexError, ValueError) as err:
-                raise ConfigError(f"run_name {pattern!r} of profile {profile['profile']!r} is not a format of run "
-                                  f"config keys ({type(err).__name__}: {err}); e.g. {RUN_NAME!r}") from None
+                raise ConfigError(
+                    f"run_name {pattern!r} of profile {profile['profile']!r} is not a format of run "
+                    f"config keys ({type(err).__name__}: {err}); e.g. {RUN_NAME!r}"
+                ) from None
             run = GridRun(profile["profile"], point, config, name)
             if run.directory in found:
                 if found[run.directory].config == config:
                     continue  # the same run listed twice
-                raise ConfigError(f"runs {found[run.directory].point} and {point} of profile {profile['profile']!r} "
-                                  f"would share {run.directory}; add the key that tells them apart to run_name "
-                                  f"(now {pattern!r})")
+                raise ConfigError(
+                    f"runs {found[run.directory].point} and {point} of profile {profile['profile']!r} "
+                    f"would share {run.directory}; add the key that tells them apart to run_name "
+                    f"(now {pattern!r})"
+                )
             found[run.directory] = run
     return list(found.values())
 
@@ -109,8 +124,15 @@ def varying_keys(grid_runs: list[GridRun]) -> list[str]:
     """Run config keys whose value differs between runs, besides the identity and how a run is
     watched (e.g. ``epochs`` in a profile of training budgets): they tell results apart too."""
     configs = [r.config.to_dict() for r in grid_runs]
-    return [key for key in configs[0] if key not in IDENTITY and key not in WATCH_KEYS
-            and any(c[key] != configs[0][key] for c in configs)] if configs else []
+    return (
+        [
+            key
+            for key in configs[0]
+            if key not in IDENTITY and key not in WATCH_KEYS and any(c[key] != configs[0][key] for c in configs)
+        ]
+        if configs
+        else []
+    )
 
 
 def default_run_dir(cfg: RunConfig) -> Path:

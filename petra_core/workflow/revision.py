@@ -10,6 +10,7 @@ neither cannot tell, and the check lets a clean revision through with a warning.
 ``--config require_clean_revision=false`` turns the check off (for experiments not meant to be
 committed).
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -51,18 +52,24 @@ def check_revision(root: str | Path | None = None) -> str:
     except (OSError, subprocess.TimeoutExpired) as err:
         raise RevisionError(f"cannot read the code revision (git: {err}); a record must name one") from None
     if changed:
-        raise RevisionError(f"revision {revision[:10]} is dirty ({len(changed)} changed file(s), e.g. {changed[0]}): "
-                            "commit first, so that the records name code a reviewer can check out "
-                            "(or --config require_clean_revision=false for runs not meant to be committed)")
+        raise RevisionError(
+            f"revision {revision[:10]} is dirty ({len(changed)} changed file(s), e.g. {changed[0]}): "
+            "commit first, so that the records name code a reviewer can check out "
+            "(or --config require_clean_revision=false for runs not meant to be committed)"
+        )
     refs = main_refs(root)
     if not refs:
-        print(f"petra: warning: no branch named {MAIN} here: cannot tell whether {revision[:10]} is in main's "
-              "history", file=sys.stderr)
+        print(
+            f"petra: warning: no branch named {MAIN} here: cannot tell whether {revision[:10]} is in main's history",
+            file=sys.stderr,
+        )
         return revision
     if not any(_git("merge-base", "--is-ancestor", revision, ref, root=root).returncode == 0 for ref in refs):
-        raise RevisionError(f"revision {revision[:10]} is not in {MAIN}'s history ({', '.join(refs)}): merge it into "
-                            f"{MAIN} first (or train from a worktree at a commit of {MAIN}), so that the records "
-                            "name a revision a reviewer can check out")
+        raise RevisionError(
+            f"revision {revision[:10]} is not in {MAIN}'s history ({', '.join(refs)}): merge it into "
+            f"{MAIN} first (or train from a worktree at a commit of {MAIN}), so that the records "
+            "name a revision a reviewer can check out"
+        )
     return revision
 
 
@@ -77,10 +84,13 @@ def cmd_revision(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("revision", help="print the code revision, if a grid run may be trained at it",
-                       description="Print the git revision of the code; exit 2 with one line if it is dirty or "
-                                   f"not in {MAIN}'s history (a record could not name it). The Snakemake train rule "
-                                   "runs it before every run.")
+    p = sub.add_parser(
+        "revision",
+        help="print the code revision, if a grid run may be trained at it",
+        description="Print the git revision of the code; exit 2 with one line if it is dirty or "
+        f"not in {MAIN}'s history (a record could not name it). The Snakemake train rule "
+        "runs it before every run.",
+    )
     p.add_argument("--check", action="store_true", help="(the default and only mode; kept for readable rules)")
     p.add_argument("--root", help="a directory inside the repository (default: the petra_core package's)")
     p.set_defaults(func=cmd_revision)

@@ -12,6 +12,7 @@ checkpoints (checkpoints/PROFILE, the tree of a profile's runs) are not. ``petra
 On another machine, ``git pull && dvc pull`` brings them back. DVC (the ``pipeline`` extra) does
 the work; this module only says what to store.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -32,15 +33,18 @@ def _dvc(*args: str, root: Path, capture: bool = False) -> str:
     except FileNotFoundError:
         raise StoreError("petra store needs DVC: pip install 'petra[pipeline]' (or .ci/setup)") from None
     except subprocess.CalledProcessError as err:
-        raise StoreError(f"dvc {' '.join(args)} failed (exit {err.returncode})"
-                           + (f": {err.stderr.strip().splitlines()[-1]}" if err.stderr else "")) from None
+        raise StoreError(
+            f"dvc {' '.join(args)} failed (exit {err.returncode})"
+            + (f": {err.stderr.strip().splitlines()[-1]}" if err.stderr else "")
+        ) from None
     return out.stdout or ""
 
 
 def artifacts(root: Path) -> list[Path]:
     """What ``petra store`` versions here: every prepared dataset and every profile's checkpoints."""
-    return sorted(p.relative_to(root) for base in STORED if (root / base).is_dir()
-                  for p in (root / base).iterdir() if p.is_dir())
+    return sorted(
+        p.relative_to(root) for base in STORED if (root / base).is_dir() for p in (root / base).iterdir() if p.is_dir()
+    )
 
 
 def ensure_remote(root: Path, url: str | None = None) -> str:
@@ -82,13 +86,17 @@ def cmd_store(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("store", help="version prepared datasets and checkpoints with DVC (dvc add + push)",
-                       description="Track every prepared dataset (data/prepared/NAME) and every profile's "
-                                   "checkpoints (checkpoints/PROFILE) with DVC and push them to the project's DVC "
-                                   "remote, setting one up if there is none. Commit the .dvc pointers it lists; "
-                                   "`dvc pull` brings the data back elsewhere.")
-    p.add_argument("--remote", help=f"DVC remote URL or directory (default: the project's remote, else "
-                                    f"{DEFAULT_REMOTE})")
+    p = sub.add_parser(
+        "store",
+        help="version prepared datasets and checkpoints with DVC (dvc add + push)",
+        description="Track every prepared dataset (data/prepared/NAME) and every profile's "
+        "checkpoints (checkpoints/PROFILE) with DVC and push them to the project's DVC "
+        "remote, setting one up if there is none. Commit the .dvc pointers it lists; "
+        "`dvc pull` brings the data back elsewhere.",
+    )
+    p.add_argument(
+        "--remote", help=f"DVC remote URL or directory (default: the project's remote, else {DEFAULT_REMOTE})"
+    )
     p.add_argument("--no-push", action="store_true", help="track with DVC, but push later (dvc push)")
     p.add_argument("--root", default=".", help="the repository root")
     p.set_defaults(func=cmd_store)

@@ -1,4 +1,5 @@
 """What the distributed tests compare a run of the ranks with: the simulator on the same setup."""
+
 import torch
 
 from petra_core import Simulator
@@ -14,9 +15,17 @@ def simulator_state(argv, method):
     torch.set_num_threads(1)
     try:
         model, get_batch, recipe = demo_setup(args)
-        Simulator(model, method, num_batches=args.steps, get_batch=get_batch, batch_size=args.batch, k=args.k,
-                  recipe=recipe, replicas=args.replicas,
-                  rule=get_rule(args.rule, stages=args.rule_stages, options=args.rule_options, seed=0)).run()
+        Simulator(
+            model,
+            method,
+            num_batches=args.steps,
+            get_batch=get_batch,
+            batch_size=args.batch,
+            k=args.k,
+            recipe=recipe,
+            replicas=args.replicas,
+            rule=get_rule(args.rule, stages=args.rule_stages, options=args.rule_options, seed=0),
+        ).run()
     finally:
         torch.set_num_threads(threads)
     return model.state_dict()

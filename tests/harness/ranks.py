@@ -5,6 +5,7 @@ Launch with ``torchrun --nproc-per-node=N tests/harness/ranks.py ...`` or with `
 processes on 127.0.0.1). ``demo_setup`` builds the same model, data and recipe in the test
 process, for the simulator the ranks are compared with.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,15 +22,14 @@ import torch.distributed as dist
 from torch import Tensor
 
 from petra_core.accounting import measure_stage_costs
-from petra_core.engine.distributed import DEFAULT_TIMEOUT, DistributedPipeline, PipelineError
-from petra_core.engine.observers import Observer
-from petra_core.replicas import get_rule
 from petra_core.engine.assembly import GetBatch
-from petra_core.engine.placement import format_stages
+from petra_core.engine.distributed import DEFAULT_TIMEOUT, DistributedPipeline, PipelineError
 from petra_core.engine.launch import fail, init_distributed, launch_local
-from petra_core.engine.placement import format_placement
+from petra_core.engine.observers import Observer
+from petra_core.engine.placement import format_placement, format_stages
 from petra_core.models import StagedModel
 from petra_core.optim import Recipe
+from petra_core.replicas import get_rule
 
 RANKS = __file__  # the program to launch: python RANKS ARGS, torchrun RANKS ARGS
 
@@ -37,8 +37,10 @@ RANKS = __file__  # the program to launch: python RANKS ARGS, torchrun RANKS ARG
 def synthetic_batch(seed: int, mb: int, batch: int, image_size: int, num_classes: int) -> tuple[Tensor, Tensor]:
     """Minibatch ``mb`` of random images and labels: a pure function of its arguments."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + mb)
-    return (torch.randn(batch, 3, image_size, image_size, generator=g),
-            torch.randint(0, num_classes, (batch,), generator=g))
+    return (
+        torch.randn(batch, 3, image_size, image_size, generator=g),
+        torch.randint(0, num_classes, (batch,), generator=g),
+    )
 
 
 def demo_setup(args: argparse.Namespace) -> tuple[StagedModel, GetBatch, Recipe]:
@@ -46,8 +48,9 @@ def demo_setup(args: argparse.Namespace) -> tuple[StagedModel, GetBatch, Recipe]
     from petra_core.models import build_model
 
     torch.manual_seed(args.seed)
-    model = build_model(args.arch, num_classes=args.num_classes, width=args.width, stem=args.stem,
-                        aux_head=args.aux_head)
+    model = build_model(
+        args.arch, num_classes=args.num_classes, width=args.width, stem=args.stem, aux_head=args.aux_head
+    )
 
     def get_batch(mb: int):
         return synthetic_batch(args.seed, mb, args.batch, args.image_size, args.num_classes)
@@ -60,21 +63,32 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tests/harness/ranks.py",
         description="Distributed PETRA pipeline on random data (one process per rank). Launch with "
-                    "torchrun --nproc-per-node=N, or with --spawn N for local processes.")
+        "torchrun --nproc-per-node=N, or with --spawn N for local processes.",
+    )
     p.add_argument("--arch", default="revnet18")
     p.add_argument("--width", type=int, default=16, help="base channel count (64 = the paper's models)")
     p.add_argument("--stem", default="cifar", choices=["cifar", "imagenet"])
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--num-classes", type=int, default=10)
     p.add_argument("--method", default="petra", help="method, or several separated by commas (run in turn)")
-    p.add_argument("--aux-head", default=None, choices=["cnn", "linear"],
-                   help="auxiliary heads on the stages (needed by local, fg-local-w, fg-local-a)")
+    p.add_argument(
+        "--aux-head",
+        default=None,
+        choices=["cnn", "linear"],
+        help="auxiliary heads on the stages (needed by local, fg-local-w, fg-local-a)",
+    )
     p.add_argument("--k", type=int, default=1, help="gradient accumulation")
-    p.add_argument("--replicas", type=int, default=1,
-                   help="data-parallel replicas: the ranks form a mesh of replicas x (ranks / replicas) positions")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="data-parallel replicas: the ranks form a mesh of replicas x (ranks / replicas) positions",
+    )
     p.add_argument("--rule", default="dp", help="replica rule (petra_core.replicas.REPLICA_RULES)")
     p.add_argument("--rule-stages", type=int, default=None, help="cdp1/cdp2: the stage groups L")
-    p.add_argument("--rule-options", type=json.loads, default=None, help='the rule\'s options as JSON, e.g. \'{"p": 0.1}\'')
+    p.add_argument(
+        "--rule-options", type=json.loads, default=None, help="the rule's options as JSON, e.g. '{\"p\": 0.1}'"
+    )
     p.add_argument("--steps", type=int, default=20, help="minibatches per replica (optimizer steps when k = 1)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05)
@@ -83,20 +97,35 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--placement", default="even", help="'even', 'balanced' (measured) or ranges '0-3,4-9'")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                   help="seconds before a silent peer is declared failed")
+    p.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds before a silent peer is declared failed"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in each rank")
     p.add_argument("--save", default=None, help="rank 0 saves the gathered state_dict here ({method} is substituted)")
-    p.add_argument("--json", default=None,
-                   help="rank 0 writes throughput and per-rank timings here ({method} substituted)")
+    p.add_argument(
+        "--json", default=None, help="rank 0 writes throughput and per-rank timings here ({method} substituted)"
+    )
     p.add_argument("--warmup", type=int, default=1, help="minibatches excluded from the throughput (per end)")
-    p.add_argument("--fault", default=None, metavar="RANK:TICK:KIND",
-                   help="fault injection at the start of tick TICK on rank RANK: kill (SIGKILL itself), "
-                        "exit (os._exit(3)) or hang (stop making progress)")
-    p.add_argument("--where", default=None, metavar="PATH",
-                   help="each rank writes its RANK, LOCAL_RANK, mesh coordinate, stages and device to PATH.RANK.json")
-    p.add_argument("--spawn", type=int, default=0, metavar="N",
-                   help="launch N local ranks on 127.0.0.1 (instead of torchrun) and wait for them")
+    p.add_argument(
+        "--fault",
+        default=None,
+        metavar="RANK:TICK:KIND",
+        help="fault injection at the start of tick TICK on rank RANK: kill (SIGKILL itself), "
+        "exit (os._exit(3)) or hang (stop making progress)",
+    )
+    p.add_argument(
+        "--where",
+        default=None,
+        metavar="PATH",
+        help="each rank writes its RANK, LOCAL_RANK, mesh coordinate, stages and device to PATH.RANK.json",
+    )
+    p.add_argument(
+        "--spawn",
+        type=int,
+        default=0,
+        metavar="N",
+        help="launch N local ranks on 127.0.0.1 (instead of torchrun) and wait for them",
+    )
     return p
 
 
@@ -130,9 +159,20 @@ class Timings:
 
 def timings(pipe: DistributedPipeline) -> Timings:
     s = pipe.world.stats
-    return Timings(pipe.rank, pipe.world.replica, format_stages(pipe.stages), pipe.tick, pipe.wall_s,
-                   pipe.wall_s - s.recv_wait_s - s.send_s, s.recv_wait_s, s.send_s, s.background_recv_s,
-                   s.bytes_sent, s.bytes_received, list(pipe.tick_ends))
+    return Timings(
+        pipe.rank,
+        pipe.world.replica,
+        format_stages(pipe.stages),
+        pipe.tick,
+        pipe.wall_s,
+        pipe.wall_s - s.recv_wait_s - s.send_s,
+        s.recv_wait_s,
+        s.send_s,
+        s.background_recv_s,
+        s.bytes_sent,
+        s.bytes_received,
+        list(pipe.tick_ends),
+    )
 
 
 def throughput(pipe: DistributedPipeline, timings: list[Timings], batch: int, warmup: int) -> dict:
@@ -157,11 +197,22 @@ def throughput(pipe: DistributedPipeline, timings: list[Timings], batch: int, wa
 
 def _run_one(args, method: str, device: torch.device) -> None:
     model, get_batch, recipe = demo_setup(args)
-    pipe = DistributedPipeline(model, method, num_batches=args.steps, get_batch=get_batch, batch_size=args.batch,
-                               k=args.k, recipe=recipe, placement=args.placement, measure=measure_stage_costs,
-                               device=device, replicas=args.replicas,
-                               rule=get_rule(args.rule, stages=args.rule_stages, options=args.rule_options, seed=0),
-                               timeout=args.timeout, sync_timing=device.type == "cuda")
+    pipe = DistributedPipeline(
+        model,
+        method,
+        num_batches=args.steps,
+        get_batch=get_batch,
+        batch_size=args.batch,
+        k=args.k,
+        recipe=recipe,
+        placement=args.placement,
+        measure=measure_stage_costs,
+        device=device,
+        replicas=args.replicas,
+        rule=get_rule(args.rule, stages=args.rule_stages, options=args.rule_options, seed=0),
+        timeout=args.timeout,
+        sync_timing=device.type == "cuda",
+    )
     fetched = Fetched()
     pipe.observers.append(fetched)
     fault = None
@@ -172,8 +223,11 @@ def _run_one(args, method: str, device: torch.device) -> None:
         fault = (int(t), kind) if int(r) == pipe.rank else None
     while not pipe.done:
         if fault is not None and pipe.tick == fault[0]:
-            print(f"petra: fault injection: {fault[1]} on {pipe.world.describe()} at tick {pipe.tick}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"petra: fault injection: {fault[1]} on {pipe.world.describe()} at tick {pipe.tick}",
+                file=sys.stderr,
+                flush=True,
+            )
             if fault[1] == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             elif fault[1] == "exit":
@@ -183,10 +237,19 @@ def _run_one(args, method: str, device: torch.device) -> None:
         pipe.advance()
     if args.where:
         with open(f"{args.where}.{pipe.rank}.json", "w") as f:
-            json.dump({"rank": pipe.rank, "local_rank": int(os.environ.get("LOCAL_RANK", -1)),
-                       "group_rank": int(os.environ.get("GROUP_RANK", -1)), "replica": pipe.world.replica,
-                       "position": pipe.world.position, "stages": format_stages(pipe.stages),
-                       "device": str(pipe.workers[0].device), "fetched": fetched.minibatches}, f)
+            json.dump(
+                {
+                    "rank": pipe.rank,
+                    "local_rank": int(os.environ.get("LOCAL_RANK", -1)),
+                    "group_rank": int(os.environ.get("GROUP_RANK", -1)),
+                    "replica": pipe.world.replica,
+                    "position": pipe.world.position,
+                    "stages": format_stages(pipe.stages),
+                    "device": str(pipe.workers[0].device),
+                    "fetched": fetched.minibatches,
+                },
+                f,
+            )
     sd, log, all_timings = pipe.gather_state_dict(), pipe.gather_head_log(), pipe.gather_object(timings(pipe))
     pipe.close()
     if pipe.rank != 0:
@@ -198,36 +261,60 @@ def _run_one(args, method: str, device: torch.device) -> None:
     steady = ""
     if "steady_window" in tp:
         steady = f", steady {tp['steady_images_per_s']:.1f} images/s ({tp['steady_window']})"
-    print(f"petra distributed: {method} {args.arch} width {args.width} batch {args.batch} on {pipe.world_size} "
-          f"ranks ({device.type}, mesh {pipe.world.mesh} replicas x positions), placement {format_placement(pipe.placement)}: {tp['images_per_s']:.1f} images/s"
-          f"{steady}" + (f", last loss {log[-1].loss:.4f}" if log else ""), flush=True)
+    print(
+        f"petra distributed: {method} {args.arch} width {args.width} batch {args.batch} on {pipe.world_size} "
+        f"ranks ({device.type}, mesh {pipe.world.mesh} replicas x positions), "
+        f"placement {format_placement(pipe.placement)}: {tp['images_per_s']:.1f} images/s"
+        f"{steady}" + (f", last loss {log[-1].loss:.4f}" if log else ""),
+        flush=True,
+    )
     for t in all_timings:
-        print(f"  rank {t.rank} ({t.stages}): compute {t.compute_s:.2f} s, waiting {t.recv_wait_s:.2f} s, "
-              f"send {t.send_s:.2f} s, background recv {t.background_recv_s:.2f} s, "
-              f"sent {t.bytes_sent / 2**20:.1f} MiB", flush=True)
+        print(
+            f"  rank {t.rank} ({t.stages}): compute {t.compute_s:.2f} s, waiting {t.recv_wait_s:.2f} s, "
+            f"send {t.send_s:.2f} s, background recv {t.background_recv_s:.2f} s, "
+            f"sent {t.bytes_sent / 2**20:.1f} MiB",
+            flush=True,
+        )
     if args.json:
         rows = [{k: v for k, v in asdict(t).items() if k != "tick_ends"} for t in all_timings]
         with open(fmt(args.json), "w") as f:
-            json.dump({"method": method, "world_size": pipe.world_size, "replicas": pipe.world.mesh.replicas,
-                   "device": device.type,
-                       "placement": format_placement(pipe.placement), "stage_costs": pipe.stage_costs,
-                       **tp, "ranks": rows, "losses": [r.loss for r in log]}, f, indent=1)
+            json.dump(
+                {
+                    "method": method,
+                    "world_size": pipe.world_size,
+                    "replicas": pipe.world.mesh.replicas,
+                    "device": device.type,
+                    "placement": format_placement(pipe.placement),
+                    "stage_costs": pipe.stage_costs,
+                    **tp,
+                    "ranks": rows,
+                    "losses": [r.loss for r in log],
+                },
+                f,
+                indent=1,
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.spawn:
         argv = list(sys.argv[1:] if argv is None else argv)
-        rest = [a for i, a in enumerate(argv)
-                if not (a == "--spawn" or a.startswith("--spawn=") or (i > 0 and argv[i - 1] == "--spawn"))]
+        rest = [
+            a
+            for i, a in enumerate(argv)
+            if not (a == "--spawn" or a.startswith("--spawn=") or (i > 0 and argv[i - 1] == "--spawn"))
+        ]
         procs = launch_local(rest, args.spawn, script=__file__)
         codes = [p.returncode for p in procs]
         return 0 if all(c == 0 for c in codes) else 1
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        device = init_distributed(None if args.device != "cpu" else "gloo", timeout=args.timeout,
-                                  device=None if args.device == "auto" else args.device)
+        device = init_distributed(
+            None if args.device != "cpu" else "gloo",
+            timeout=args.timeout,
+            device=None if args.device == "auto" else args.device,
+        )
         for method in args.method.split(","):
             _run_one(args, method.strip(), device)
         dist.barrier()

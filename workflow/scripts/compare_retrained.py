@@ -10,6 +10,7 @@ Runs whose record did not change are left out.
 
     python workflow/scripts/compare_retrained.py runs/budget --before 63ed40f --out results/budget/retrained.csv
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,19 @@ from pathlib import Path
 from petra_core.run import runio
 from petra_core.run.verify import DECISIVE
 
-COLUMNS = ("run", "before_revision", "after_revision", "top1_before", "top1_after", "top1_difference",
-           "train_loss_before", "train_loss_after", "train_loss_difference", "differing", "unknown_before")
+COLUMNS = (
+    "run",
+    "before_revision",
+    "after_revision",
+    "top1_before",
+    "top1_after",
+    "top1_difference",
+    "train_loss_before",
+    "train_loss_after",
+    "train_loss_difference",
+    "differing",
+    "unknown_before",
+)
 
 
 def at_revision(revision: str, path: Path) -> dict | None:
@@ -45,14 +57,21 @@ def compare(root: Path, before: str) -> list[dict]:
             continue  # not retrained
         differing = [key for key in DECISIVE if key in old_env and old_env[key] != env.get(key)]
         unknown = [key for key in DECISIVE if key not in old_env and key in env]  # the old record predates it
-        rows.append({
-            "run": run.as_posix(), "before_revision": str(old_env.get("git_revision"))[:12],
-            "after_revision": str(env.get("git_revision"))[:12],
-            "top1_before": old_metrics["top1"], "top1_after": metrics["top1"],
-            "top1_difference": round(metrics["top1"] - old_metrics["top1"], 4),
-            "train_loss_before": old_metrics["train_loss"], "train_loss_after": metrics["train_loss"],
-            "train_loss_difference": round(metrics["train_loss"] - old_metrics["train_loss"], 6),
-            "differing": " ".join(differing), "unknown_before": " ".join(unknown)})
+        rows.append(
+            {
+                "run": run.as_posix(),
+                "before_revision": str(old_env.get("git_revision"))[:12],
+                "after_revision": str(env.get("git_revision"))[:12],
+                "top1_before": old_metrics["top1"],
+                "top1_after": metrics["top1"],
+                "top1_difference": round(metrics["top1"] - old_metrics["top1"], 4),
+                "train_loss_before": old_metrics["train_loss"],
+                "train_loss_after": metrics["train_loss"],
+                "train_loss_difference": round(metrics["train_loss"] - old_metrics["train_loss"], 6),
+                "differing": " ".join(differing),
+                "unknown_before": " ".join(unknown),
+            }
+        )
     return rows
 
 
@@ -62,19 +81,28 @@ def main(argv=None) -> int:
     p.add_argument("--before", required=True, help="a git revision that still holds the replaced records")
     p.add_argument("--out", type=Path, help="write the rows here as CSV")
     args = p.parse_args(argv)
-    if subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{args.before}^{{commit}}"],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", f"{args.before}^{{commit}}"], capture_output=True
+        ).returncode
+        != 0
+    ):
         print(f"compare_retrained: --before {args.before!r} is not a commit of this repository", file=sys.stderr)
         return 2
     rows = compare(args.root, args.before)
     for r in rows:
-        print(f"{r['run']}: top-1 {r['top1_before']:.2f} -> {r['top1_after']:.2f} ({r['top1_difference']:+.2f}), "
-              f"train loss {r['train_loss_before']:.4f} -> {r['train_loss_after']:.4f}; differing: {r['differing'] or '-'}"
-              + (f"; not recorded before: {r['unknown_before']}" if r["unknown_before"] else ""))
+        print(
+            f"{r['run']}: top-1 {r['top1_before']:.2f} -> {r['top1_after']:.2f} ({r['top1_difference']:+.2f}), "
+            f"train loss {r['train_loss_before']:.4f} -> {r['train_loss_after']:.4f}; "
+            f"differing: {r['differing'] or '-'}"
+            + (f"; not recorded before: {r['unknown_before']}" if r["unknown_before"] else "")
+        )
     if rows:
         mean_abs = sum(abs(r["top1_difference"]) for r in rows) / len(rows)
-        print(f"{len(rows)} retrained run(s): mean |top-1 difference| {mean_abs:.2f}, "
-              f"largest {max(abs(r['top1_difference']) for r in rows):.2f} points")
+        print(
+            f"{len(rows)} retrained run(s): mean |top-1 difference| {mean_abs:.2f}, "
+            f"largest {max(abs(r['top1_difference']) for r in rows):.2f} points"
+        )
     else:
         print("no retrained run under", args.root)
     if args.out:

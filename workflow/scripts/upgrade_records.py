@@ -3,12 +3,13 @@
 Since the report only reads records, ``metrics.json`` names the model it trained: parameter
 count, auxiliary-head parameters, number and kinds of stages. Runs trained before that lack these
 four fields. They are structural facts of the model the run's own ``config.yaml`` builds, not
-measurements, so this script builds that model (no training; the dataset, prepared, gives its classes) and adds them, with an
-``upgraded`` entry saying which fields were added, by what and at which revision. Nothing the
-run measured is touched; a record that already has the fields is left as it is.
+measurements, so this script builds that model (no training; the dataset, prepared, gives its
+classes) and adds them, with an ``upgraded`` entry saying which fields were added, by what and at
+which revision. Nothing the run measured is touched; a record that already has the fields is left as it is.
 
     python workflow/scripts/upgrade_records.py runs/cpu           # every run under a directory
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from petra_core.run import runio
 from petra_core import build_model
+from petra_core.run import runio
 from petra_core.run.config import RunConfig
 from petra_core.run.session import load_data
 
@@ -35,12 +36,20 @@ def upgrade(run_dir: Path, revision: str) -> bool:
     cfg = RunConfig.from_dict(yaml.safe_load((run_dir / runio.CONFIG).read_text()))
     data = load_data(cfg)  # the classes and stem the run trained with (prepared arrays, memory-mapped)
     model = build_model(cfg.arch, num_classes=data.num_classes, stem=data.stem, width=cfg.width, aux_head=cfg.aux_head)
-    added = {"params": model.num_params(), "aux_params": model.num_params(aux=True), "stages": len(model),
-             "stage_kinds": model.kinds}
+    added = {
+        "params": model.num_params(),
+        "aux_params": model.num_params(aux=True),
+        "stages": len(model),
+        "stage_kinds": model.kinds,
+    }
     missing = [field for field in FIELDS if field not in metrics]
     metrics.update({field: added[field] for field in missing})
-    metrics["upgraded"] = {"fields": missing, "from": "config.yaml", "by": "workflow/scripts/upgrade_records.py",
-                           "revision": revision}
+    metrics["upgraded"] = {
+        "fields": missing,
+        "from": "config.yaml",
+        "by": "workflow/scripts/upgrade_records.py",
+        "revision": revision,
+    }
     runio.write_json(path, metrics)
     return True
 

@@ -7,10 +7,20 @@ reports), ``transport`` (stage messages point to point), ``wire`` (their format)
 joined by ``petra_core.engine.launch``; ``petra train ... runtime=distributed`` under torchrun is the
 training entry point. See docs/distributed.md.
 """
+
 from .failures import DEFAULT_TIMEOUT, FAILURE_KEY, FailureWatch, PipelineError
 from .pipeline import DistributedPipeline
 from .transport import DistributedTransport, TransportStats
 from .world import DistributedWorld, model_fingerprint
 
-__all__ = ["DEFAULT_TIMEOUT", "FAILURE_KEY", "DistributedPipeline", "DistributedTransport", "DistributedWorld",
-           "FailureWatch", "PipelineError", "TransportStats", "model_fingerprint"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "FAILURE_KEY",
+    "DistributedPipeline",
+    "DistributedTransport",
+    "DistributedWorld",
+    "FailureWatch",
+    "PipelineError",
+    "TransportStats",
+    "model_fingerprint",
+]

@@ -5,6 +5,7 @@ store (``petra/failed``, compare-and-set: the first report wins); a watchdog thr
 rank ends its process with that message, whatever it is blocked in. The same thread bumps this
 rank's heartbeat (``petra/alive/RANK``): when a collective breaks, the silent ranks are the dead.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -127,6 +128,9 @@ class FailureWatch:
                 return
             if self.stopped.is_set():
                 continue
-            print(f"{first}\n  {self.describe()} stopping at tick {self.tick()} because of it", file=sys.stderr,
-                  flush=True)
+            print(
+                f"{first}\n  {self.describe()} stopping at tick {self.tick()} because of it",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(1)

@@ -7,6 +7,7 @@ background receiver per incoming edge fetches this tick's messages while the ran
 tick boundary :meth:`DistributedTransport.settle` leaves nothing on the wire, so ``state_dict``
 holds every message not yet consumed.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,13 +20,27 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
 
 from ...models import streams
 from ..messages import BackwardMsg, ForwardMsg
-from .failures import DEFAULT_TIMEOUT, PipelineError, is_timeout, ProtocolError, short
-from .wire import (BACKWARD, DIRECTION, FORWARD, HEADER, MAGIC, SLOT, SLOTS, flatten, from_wire, make_message,
-                   message_fields, message_tensors, restore_layout, to_wire, unflatten)
+from .failures import DEFAULT_TIMEOUT, PipelineError, ProtocolError, is_timeout, short
+from .wire import (
+    BACKWARD,
+    DIRECTION,
+    FORWARD,
+    HEADER,
+    MAGIC,
+    SLOT,
+    SLOTS,
+    flatten,
+    from_wire,
+    make_message,
+    message_fields,
+    message_tensors,
+    restore_layout,
+    to_wire,
+    unflatten,
+)
 
 
 @dataclass
@@ -83,7 +98,7 @@ class _Receiver:
             if h[2] != mb:
                 raise ProtocolError(f"expected the {DIRECTION[e.direction]} message of minibatch {mb}, got {h[2]}")
             kinds = h[3:5]
-            slots = [from_wire(h[5 + i * SLOT:5 + (i + 1) * SLOT], self.device) for i in range(SLOTS)]
+            slots = [from_wire(h[5 + i * SLOT : 5 + (i + 1) * SLOT], self.device) for i in range(SLOTS)]
             slots = [s for s in slots if s is not None]
             if len(slots) != sum(kinds):
                 raise ProtocolError(f"header from rank {e.peer} announces fields {kinds} but {len(slots)} tensors")
@@ -114,9 +129,21 @@ class DistributedTransport:
     stages of pipeline position p; this rank is ``position`` of ``replica`` in ``mesh``).
     :meth:`begin_tick` posts a tick's receives and retires old sends; :meth:`finish` ends the run."""
 
-    def __init__(self, placement: Sequence[range], schedule, *, position: int, device: torch.device,
-                 mesh=None, replica: int = 0, timeout: float = DEFAULT_TIMEOUT, groups: dict | None = None,
-                 on_failure=None, backward: bool = True, name_stage=None):
+    def __init__(
+        self,
+        placement: Sequence[range],
+        schedule,
+        *,
+        position: int,
+        device: torch.device,
+        mesh=None,
+        replica: int = 0,
+        timeout: float = DEFAULT_TIMEOUT,
+        groups: dict | None = None,
+        on_failure=None,
+        backward: bool = True,
+        name_stage=None,
+    ):
         from ..world import Mesh
 
         self.placement, self.schedule, self.position = list(placement), schedule, position
@@ -141,11 +168,13 @@ class DistributedTransport:
             self.out[FORWARD] = _Edge(FORWARD, hi, hi + 1, nxt, groups[FORWARD, rank])
         if hi + 1 < J and backward:
             self.receivers[BACKWARD] = _Receiver(
-                _Edge(BACKWARD, hi + 1, hi, nxt, groups[BACKWARD, nxt]), self.device, self.stats, timeout)
+                _Edge(BACKWARD, hi + 1, hi, nxt, groups[BACKWARD, nxt]), self.device, self.stats, timeout
+            )
         if lo > 0:
             self.out[BACKWARD] = _Edge(BACKWARD, lo, lo - 1, prev, groups[BACKWARD, rank])
             self.receivers[FORWARD] = _Receiver(
-                _Edge(FORWARD, lo - 1, lo, prev, groups[FORWARD, prev]), self.device, self.stats, timeout)
+                _Edge(FORWARD, lo - 1, lo, prev, groups[FORWARD, prev]), self.device, self.stats, timeout
+            )
         self.ready: dict[int, deque] = {direction: deque() for direction in self.receivers}  # received, unconsumed
         self._open(backward)
 
@@ -214,7 +243,9 @@ class DistributedTransport:
         if self.backend == "nccl":  # host tensors (the labels, pinned) go to the GPU NCCL sends from
             flat = [t.to(self.device, non_blocking=True) if t.device.type == "cpu" else t for t in flat]
         wired = [to_wire(t) for t in flat] + [to_wire(None)] * (SLOTS - len(flat))
-        header = torch.tensor([MAGIC, direction, mb, *kinds, *[v for slot, _ in wired for v in slot]], dtype=torch.int64)
+        header = torch.tensor(
+            [MAGIC, direction, mb, *kinds, *[v for slot, _ in wired for v in slot]], dtype=torch.int64
+        )
         if self.device.type == "cuda":  # from pinned memory: the copy does not wait for the GPU to drain
             header = header.pin_memory().to(self.device, non_blocking=True)
         tensors = [header] + [t for _, t in wired if t is not None]
@@ -229,11 +260,15 @@ class DistributedTransport:
     def _lost(self, peer: int, what: str, err: BaseException) -> PipelineError:
         """The neighbour owning stage ``peer`` stopped responding or failed while this rank did ``what``."""
         if isinstance(err, ProtocolError):
-            return self._fail(f"petra: protocol error from {self.where(peer)} while {what}: {err} "
-                              "(do all ranks run the same configuration and version?)")
+            return self._fail(
+                f"petra: protocol error from {self.where(peer)} while {what}: {err} "
+                "(do all ranks run the same configuration and version?)"
+            )
         if is_timeout(err):
-            return self._fail(f"petra: {self.where(peer)} stopped responding: timed out after {self.timeout:g} s "
-                              f"while {what}" + (f" ({short(err)})" if str(err) else ""))
+            return self._fail(
+                f"petra: {self.where(peer)} stopped responding: timed out after {self.timeout:g} s "
+                f"while {what}" + (f" ({short(err)})" if str(err) else "")
+            )
         return self._fail(f"petra: {self.where(peer)} failed: connection lost while {what} ({short(err)})")
 
     def _send_error(self, edge: _Edge, mb: int, err: BaseException) -> PipelineError:
@@ -279,8 +314,10 @@ class DistributedTransport:
         try:
             msg, event = future.result(timeout=self.timeout)
         except BaseException as err:  # noqa: BLE001 - a timeout, or the receive's own failure
-            what = (f"{self.where(rx.edge.dst)} was {'waiting for' if isinstance(err, TimeoutError) else 'receiving'}"
-                    f" its {DIRECTION[direction]} message of minibatch {mb}")
+            what = (
+                f"{self.where(rx.edge.dst)} was {'waiting for' if isinstance(err, TimeoutError) else 'receiving'}"
+                f" its {DIRECTION[direction]} message of minibatch {mb}"
+            )
             raise self._lost(rx.edge.src, what, err) from err
         finally:
             self.stats.recv_wait_s += time.perf_counter() - t0
@@ -317,15 +354,19 @@ class DistributedTransport:
             raise RuntimeError("load_state_dict needs a transport with nothing in flight")
 
         def unpack(direction, msgs):
-            return deque(make_message(direction, mb, *(streams.apply(lambda t: t.to(self.device), f) for f in (a, b)))
-                         for mb, a, b in msgs)
+            return deque(
+                make_message(direction, mb, *(streams.apply(lambda t: t.to(self.device), f) for f in (a, b)))
+                for mb, a, b in msgs
+            )
 
         for direction in self.ready:
             self.ready[direction] = unpack(direction, state["ready"].get(direction, []))
         unexpected = set(state["ready"]) - set(self.ready)
         if unexpected:
-            raise ValueError(f"checkpoint holds messages for incoming edges {sorted(unexpected)} this rank lacks "
-                             "(another placement?)")
+            raise ValueError(
+                f"checkpoint holds messages for incoming edges {sorted(unexpected)} this rank lacks "
+                "(another placement?)"
+            )
 
 
 _GROUPS: dict = {}

@@ -6,6 +6,7 @@ to ``MAX_DIMS`` dimensions), filled by the fields' tensors in order. Forward fie
 (activation, labels); backward fields are (grad, activation). Each present tensor follows as one
 send. Channels-last activations travel as a dense NHWC view and get their layout back on arrival.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -16,8 +17,18 @@ from torch import Tensor
 from ...models import streams
 from ..messages import BackwardMsg, ForwardMsg
 
-DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-           torch.int16, torch.int8, torch.uint8, torch.bool)
+DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+)
 MAGIC = 0x5E7A
 MAX_DIMS = 6
 SLOT = 4 + MAX_DIMS  # present, dtype, layout, ndim, dims
@@ -50,7 +61,7 @@ def from_wire(slot: Sequence[int], device: torch.device) -> tuple[Tensor, int] |
     if not slot[0]:
         return None
     ndim = slot[3]
-    return torch.empty(list(slot[4:4 + ndim]), dtype=DTYPES[slot[1]], device=device), slot[2]
+    return torch.empty(list(slot[4 : 4 + ndim]), dtype=DTYPES[slot[1]], device=device), slot[2]
 
 
 def restore_layout(t: Tensor, layout: int) -> Tensor:

@@ -11,6 +11,7 @@ world in two gloo groups, one bounded by ``timeout`` like every wait of the pipe
 generously (rank 0 may prepare data or write a checkpoint while the others wait). A collective
 that breaks names the rank that is gone by its mesh coordinate (``failures.py``).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -50,8 +51,9 @@ class DistributedReplicaGroup:
     def all_reduce_mean(self, tensors: list) -> Callable[[], None]:
         (t,) = tensors
         self.floats_sent += t.numel()
-        work = self.collective("averaging with the other replicas",
-                               lambda: dist.all_reduce(t, group=self.group, async_op=True))
+        work = self.collective(
+            "averaging with the other replicas", lambda: dist.all_reduce(t, group=self.group, async_op=True)
+        )
 
         def wait() -> None:
             self.collective("averaging with the other replicas", work.wait)
@@ -63,8 +65,10 @@ class DistributedReplicaGroup:
         (t,) = tensors
         self.floats_sent += t.numel()
         out = torch.empty(t.numel() // self.size, dtype=t.dtype, device=t.device)
-        work = self.collective("averaging with the other replicas", lambda: dist.reduce_scatter_tensor(
-            out, t.contiguous(), group=self.group, async_op=True))
+        work = self.collective(
+            "averaging with the other replicas",
+            lambda: dist.reduce_scatter_tensor(out, t.contiguous(), group=self.group, async_op=True),
+        )
 
         def wait() -> list:
             self.collective("averaging with the other replicas", work.wait)
@@ -76,8 +80,10 @@ class DistributedReplicaGroup:
         (t,) = tensors
         self.floats_sent += t.numel()
         outs = [torch.empty_like(t) for _ in range(self.size)]
-        work = self.collective("gathering from the other replicas", lambda: dist.all_gather(
-            outs, t.contiguous(), group=self.group, async_op=True))
+        work = self.collective(
+            "gathering from the other replicas",
+            lambda: dist.all_gather(outs, t.contiguous(), group=self.group, async_op=True),
+        )
 
         def wait():
             self.collective("gathering from the other replicas", work.wait)
@@ -92,12 +98,19 @@ class DistributedWorld(LocalWorld):
     joins it from torchrun's environment). Messages between two stages of this rank stay in its
     local FIFOs (:class:`LocalWorld`)."""
 
-    def __init__(self, device: torch.device | str | None = None, *, replicas: int = 1,
-                 timeout: float = DEFAULT_TIMEOUT, control_timeout: float = CONTROL_TIMEOUT):
+    def __init__(
+        self,
+        device: torch.device | str | None = None,
+        *,
+        replicas: int = 1,
+        timeout: float = DEFAULT_TIMEOUT,
+        control_timeout: float = CONTROL_TIMEOUT,
+    ):
         super().__init__()
         if not dist.is_initialized():
-            raise RuntimeError("a DistributedWorld needs a process group: call "
-                               "petra_core.engine.launch.init_distributed()")
+            raise RuntimeError(
+                "a DistributedWorld needs a process group: call petra_core.engine.launch.init_distributed()"
+            )
         self.backend = dist.get_backend()
         if device is None:  # NCCL: the GPU this process set (init_distributed); gloo: the CPU
             device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else "cpu"
@@ -106,24 +119,29 @@ class DistributedWorld(LocalWorld):
         self.tick = 0  # where this rank is, for failure reports (begin_tick)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1 or self.world_size % replicas:
-            raise ValueError(f"replicas={replicas!r} must divide the number of ranks ({self.world_size}): the mesh is "
-                             f"replicas x pipeline positions")
+            raise ValueError(
+                f"replicas={replicas!r} must divide the number of ranks ({self.world_size}): the mesh is "
+                f"replicas x pipeline positions"
+            )
         self.mesh = Mesh(replicas, self.world_size // replicas)
         from torch.distributed.device_mesh import init_device_mesh
 
-        self.device_mesh = init_device_mesh("cuda" if self.device.type == "cuda" else "cpu",
-                                            (self.mesh.replicas, self.mesh.positions),
-                                            mesh_dim_names=("replica", "pipeline"))
+        self.device_mesh = init_device_mesh(
+            "cuda" if self.device.type == "cuda" else "cpu",
+            (self.mesh.replicas, self.mesh.positions),
+            mesh_dim_names=("replica", "pipeline"),
+        )
         self.replica, self.position = self.device_mesh.get_coordinate()
         if (self.replica, self.position) != self.mesh.coordinate(self.rank):
-            raise RuntimeError(f"device mesh puts rank {self.rank} at {(self.replica, self.position)}, petra expects "
-                               f"{self.mesh.coordinate(self.rank)}")
+            raise RuntimeError(
+                f"device mesh puts rank {self.rank} at {(self.replica, self.position)}, petra expects "
+                f"{self.mesh.coordinate(self.rank)}"
+            )
         self.replicas = range(self.replica, self.replica + 1)
         self.is_main = self.rank == 0
         self._group = DistributedReplicaGroup(self.device_mesh.get_group("replica"), replicas, self._collective)
         self.tick_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
-        self.control = dist.new_group(backend="gloo",
-                                      timeout=datetime.timedelta(seconds=max(control_timeout, timeout)))
+        self.control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=max(control_timeout, timeout)))
         self.transport: DistributedTransport | None = None
         self.watch = FailureWatch(self.rank, self.describe, lambda: self.tick)
         if self.world_size > 1:
@@ -162,10 +180,21 @@ class DistributedWorld(LocalWorld):
     def connect(self, placement: Sequence[range], schedule, backward: bool = True) -> None:
         """Open this rank's edges to its neighbours (``backward``: gradients flow back too)."""
         self.placement = list(placement)
-        self.transport = self._collective("opening the pipeline's connections", lambda: DistributedTransport(
-            self.placement, schedule, position=self.position, mesh=self.mesh, replica=self.replica,
-            device=self.device, timeout=self.timeout, on_failure=self.report, backward=backward,
-            name_stage=self.name_stage))
+        self.transport = self._collective(
+            "opening the pipeline's connections",
+            lambda: DistributedTransport(
+                self.placement,
+                schedule,
+                position=self.position,
+                mesh=self.mesh,
+                replica=self.replica,
+                device=self.device,
+                timeout=self.timeout,
+                on_failure=self.report,
+                backward=backward,
+                name_stage=self.name_stage,
+            ),
+        )
         self._collective("opening the pipeline's connections", lambda: dist.barrier(group=self.control))
 
     # ---- transport: local FIFOs within this rank, point to point across ranks -----------------
@@ -233,11 +262,15 @@ class DistributedWorld(LocalWorld):
         except Exception as err:  # noqa: BLE001
             silent = self.watch.silent_ranks(self.world_size)
             who = ", ".join(self.name_rank(r) for r in silent) or "another rank"
-            state = f"stopped responding: timed out after {self.timeout:g} s" if is_timeout(err) and not silent \
+            state = (
+                f"stopped responding: timed out after {self.timeout:g} s"
+                if is_timeout(err) and not silent
                 else "failed or was killed"
+            )
             when = "" if "tick" in what else f" (tick {self.tick})"
-            raise PipelineError(self.report(f"petra: {who} {state} while {self.describe()} was {what}{when} "
-                                            f"({short(err)})")) from err
+            raise PipelineError(
+                self.report(f"petra: {who} {state} while {self.describe()} was {what}{when} ({short(err)})")
+            ) from err
 
     def gather_object(self, obj, dst: int = 0) -> list | None:
         out = [None] * self.world_size if self.rank == dst else None
