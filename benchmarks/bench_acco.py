@@ -166,6 +166,44 @@ def memory(width: int) -> list[dict]:
     return out
 
 
+def report_setting(setting: dict, summary: dict, methods: list[str]) -> dict | None:
+    """Print one emulated link's table (every method against DDP) and return its report entry,
+    with ACCO's ideal ratio, when DDP ran (None otherwise)."""
+    name = setting["name"]
+    ddp = summary.get((name, "ddp"))
+    print(f"\n{name}")
+    print(
+        f"  {'method':<7} {'compute s':>10} {'comm s':>8} {'step s':>8} {'micro/step':>11} {'s/micro':>9} {'vs ddp':>7}"
+    )
+    for method in methods:
+        e = summary[(name, method)]
+        ratio = e["s_per_micro_batch"] / ddp["s_per_micro_batch"] if ddp else float("nan")
+        e["ratio_to_ddp"] = ratio
+        print(
+            f"  {method:<7} {e['compute_s']:>10.3f} {e['comm_s']:>8.3f} {e['step_s']:>8.3f} "
+            f"{e['micro_batches']:>11.1f} {e['s_per_micro_batch']:>9.4f} {ratio:>7.2f}"
+        )
+    if ddp:
+        c, m = ddp["compute_s"], ddp["comm_s"]
+        ideal = max(c, m) / (c + m)
+        ideal_two = max(c, 2 * m) / (c + m)
+        line = (
+            f"  ideal ACCO / DDP: max(c, m)/(c + m) = {ideal:.2f}; with ACCO's two rounds max(c, 2m)/(c + m) "
+            f"= {ideal_two:.2f}"
+        )
+        entry = {"setting": name, "ideal": ideal, "ideal_two_rounds": ideal_two}
+        if setting["slow"]:
+            per = [summary[(name, "acco")]["s_per_micro_batch_by_rank"][r] for r in (0, 1)]
+            busy = 1 / sum(1 / c_r for c_r in per)
+            entry["ideal_busy_s_per_micro_batch"] = busy
+            entry["ideal_busy_ratio"] = busy / ddp["s_per_micro_batch"]
+            line += f"; every rank busy: {busy:.4f} s/micro = {entry['ideal_busy_ratio']:.2f} of DDP"
+        print(line)
+        entry["methods"] = {m_: summary[(name, m_)] for m_ in methods}
+        return entry
+    return None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--width", type=int, default=16, help="ResNet18's base width on the ranks")
@@ -216,38 +254,8 @@ def main() -> int:
         "memory": [],
     }
     for setting in settings(args.gbit):
-        name = setting["name"]
-        ddp = summary.get((name, "ddp"))
-        print(f"\n{name}")
-        print(
-            f"  {'method':<7} {'compute s':>10} {'comm s':>8} {'step s':>8} {'micro/step':>11} {'s/micro':>9} "
-            f"{'vs ddp':>7}"
-        )
-        for method in args.methods.split(","):
-            e = summary[(name, method)]
-            ratio = e["s_per_micro_batch"] / ddp["s_per_micro_batch"] if ddp else float("nan")
-            e["ratio_to_ddp"] = ratio
-            print(
-                f"  {method:<7} {e['compute_s']:>10.3f} {e['comm_s']:>8.3f} {e['step_s']:>8.3f} "
-                f"{e['micro_batches']:>11.1f} {e['s_per_micro_batch']:>9.4f} {ratio:>7.2f}"
-            )
-        if ddp:
-            c, m = ddp["compute_s"], ddp["comm_s"]
-            ideal = max(c, m) / (c + m)
-            ideal_two = max(c, 2 * m) / (c + m)
-            line = (
-                f"  ideal ACCO / DDP: max(c, m)/(c + m) = {ideal:.2f}; with ACCO's two rounds max(c, 2m)/(c + m) "
-                f"= {ideal_two:.2f}"
-            )
-            entry = {"setting": name, "ideal": ideal, "ideal_two_rounds": ideal_two}
-            if setting["slow"]:
-                per = [summary[(name, "acco")]["s_per_micro_batch_by_rank"][r] for r in (0, 1)]
-                busy = 1 / sum(1 / c_r for c_r in per)
-                entry["ideal_busy_s_per_micro_batch"] = busy
-                entry["ideal_busy_ratio"] = busy / ddp["s_per_micro_batch"]
-                line += f"; every rank busy: {busy:.4f} s/micro = {entry['ideal_busy_ratio']:.2f} of DDP"
-            print(line)
-            entry["methods"] = {m_: summary[(name, m_)] for m_ in args.methods.split(",")}
+        entry = report_setting(setting, summary, args.methods.split(","))
+        if entry is not None:
             report["settings"].append(entry)
     if args.memory_width:
         print(f"\noptimizer state per worker, AdamW, ResNet18 width {args.memory_width} (MiB)")

@@ -93,7 +93,7 @@ def timed(step, n: int, faults: list[float] | None = None) -> float:
     return elapsed
 
 
-def main(argv=None) -> dict:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="revnet18")
     p.add_argument("--width", type=int, default=8)
@@ -123,23 +123,15 @@ def main(argv=None) -> dict:
         action="store_true",
         help="also write results/benchmarks/bench_speed-VARIANT.json (README's block is rendered from it)",
     )
-    args = p.parse_args(argv)
-    recorder = None
-    if args.record:
-        from petra_core.report.benchmarks import Recorder
+    return p
 
-        recorder = Recorder(
-            "bench_speed",
-            f"{args.arch}-w{args.width}-t{args.threads}"
-            + ("-cl" if args.channels_last else "")
-            + ("-compile" if args.compile else ""),
-        )
 
+def build_loops(args, error) -> tuple[dict, list[str]]:
+    """The loops to time (plain, backprop and each method that applies) and the methods timed
+    against backprop. ``error``: the parser's, for a method that cannot run on this model."""
     methods = [m for m in args.methods.split(",") if m]
     for m in methods:
         get_method(m)  # an unknown name is one line naming the allowed ones
-    retain_freed_memory()
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     base = build_model(args.arch, num_classes=10, width=args.width)
     x, y = torch.randn(args.batch, 3, 32, 32), torch.randint(0, 10, (args.batch,))
@@ -158,8 +150,41 @@ def main(argv=None) -> dict:
         try:
             check_method_fits(get_method(m), base)
         except ValueError as err:  # local learning needs auxiliary heads, which this model has not
-            p.error(str(err))
+            error(str(err))
         loops[m] = engine_loop(prepare(copy.deepcopy(base)), m, x, y, recipe)
+    return loops, [m for m in loops if m not in ("plain", "backprop")]
+
+
+def print_result(args, result: dict) -> None:
+    print(
+        f"{args.arch}, CIFAR stem, width {args.width}, batch {args.batch}, {args.threads} thread(s)"
+        + (", channels-last" if args.channels_last else "")
+        + (", torch.compile" if args.compile else "")
+        + f"; median of {args.blocks} alternating blocks of {args.steps} steps"
+    )
+    for name, s in result["s_per_step"].items():
+        print(f"  {name:<11} {1000 * s:8.1f} ms/step {result['page_faults_per_step'][name]:8.0f} page faults/step")
+    for name, r in result["ratio"].items():
+        ideal = result["ideal"].get(name)
+        print(f"  {name:<19} {r:6.3f}" + ("" if ideal is None else f"   FLOP ideal {ideal:.3f}"))
+
+
+def main(argv=None) -> dict:
+    p = parser()
+    args = p.parse_args(argv)
+    recorder = None
+    if args.record:
+        from petra_core.report.benchmarks import Recorder
+
+        recorder = Recorder(
+            "bench_speed",
+            f"{args.arch}-w{args.width}-t{args.threads}"
+            + ("-cl" if args.channels_last else "")
+            + ("-compile" if args.compile else ""),
+        )
+    retain_freed_memory()
+    torch.set_num_threads(args.threads)
+    loops, others = build_loops(args, p.error)
     for step in loops.values():  # warm-up: allocator, oneDNN primitive caches
         timed(step, 2)
     times: dict[str, list[float]] = {name: [] for name in loops}
@@ -167,7 +192,6 @@ def main(argv=None) -> dict:
     for _ in range(args.blocks):
         for name, step in loops.items():
             times[name].append(timed(step, args.steps, faults[name]))
-    others = [m for m in loops if m not in ("plain", "backprop")]
     ratio = {"backprop/plain": statistics.median(b / a for a, b in zip(times["plain"], times["backprop"]))}
     for m in others:
         ratio[f"{m}/backprop"] = statistics.median(b / a for a, b in zip(times["backprop"], times[m]))
@@ -184,17 +208,7 @@ def main(argv=None) -> dict:
         "ideal": {f"{m}/backprop": FLOP_RATIO[m] for m in others if m in FLOP_RATIO},
         "ratio": ratio,
     }
-    print(
-        f"{args.arch}, CIFAR stem, width {args.width}, batch {args.batch}, {args.threads} thread(s)"
-        + (", channels-last" if args.channels_last else "")
-        + (", torch.compile" if args.compile else "")
-        + f"; median of {args.blocks} alternating blocks of {args.steps} steps"
-    )
-    for name, s in result["s_per_step"].items():
-        print(f"  {name:<11} {1000 * s:8.1f} ms/step {result['page_faults_per_step'][name]:8.0f} page faults/step")
-    for name, r in ratio.items():
-        ideal = result["ideal"].get(name)
-        print(f"  {name:<19} {r:6.3f}" + ("" if ideal is None else f"   FLOP ideal {ideal:.3f}"))
+    print_result(args, result)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

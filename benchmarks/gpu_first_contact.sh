@@ -78,7 +78,7 @@ fi
 RUN="$OUT/resume/run"
 TRAIN=(train dataset=synthetic synthetic_train=512 synthetic_test=128 batch_size=32 epochs=2 width=8
        method=petra "device=$DEVICE" progress=false --run-dir "$RUN")
-part resume_interrupted 90 env PETRA_SIGNAL_AT=0:20:SIGTERM "$PY" -m petra_core.cli "${TRAIN[@]}"
+part resume_interrupted 90 "$PY" -m petra_core.cli "${TRAIN[@]}" --fault-at 0:20:SIGTERM
 part resume_finished 90 "$PY" -m petra_core.cli "${TRAIN[@]}"
 # the same run at bf16 (autocast; weights and messages float32): does PETRA still train?
 part train_bf16 60 "$PY" -m petra_core.cli train dataset=synthetic synthetic_train=512 synthetic_test=128 \

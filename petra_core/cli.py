@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -27,49 +26,29 @@ def train_args(args) -> list[str]:
         *(["--profile", args.profile] if args.profile else []),
         *(["--run-dir", args.run_dir] if args.run_dir else []),
         *(["--checkpoint-dir", args.checkpoint_dir] if args.checkpoint_dir else []),
+        *(["--fault-at", args.fault_at] if args.fault_at else []),
     ]
 
 
-def signal_hook(spec: str | None, rank: int):
-    """``PETRA_SIGNAL_AT=RANK:TICK[:SIGNAL][,...]`` (testing aid): rank RANK sends itself SIGNAL
-    (default SIGTERM) after tick TICK, as if someone had pressed Ctrl-C at that moment (SIGKILL:
-    as if the process died). TICK ``start``: as soon as the rank has joined the run, before its
-    pipeline exists. A resumed run starts after the tick it stopped at, so the same list can
-    interrupt it again later."""
-    if not spec:
-        return None
-    at: dict[int, signal.Signals] = {}
-    for item in spec.split(","):
-        parts = item.strip().split(":")
-        if len(parts) in (2, 3) and parts[1] == "start":
-            parts[1] = "-1"
-        if len(parts) not in (2, 3) or not all(p.strip().lstrip("-").isdigit() for p in parts[:2]):
-            raise ConfigError(f"PETRA_SIGNAL_AT={spec!r} is not of the form RANK:TICK[:SIGNAL][,...]")
-        signum = getattr(signal, parts[2] if len(parts) == 3 else "SIGTERM", None)
-        if not isinstance(signum, signal.Signals):
-            raise ConfigError(f"PETRA_SIGNAL_AT={spec!r}: unknown signal {parts[2]!r}")
-        if int(parts[0]) == rank:
-            at[int(parts[1])] = signum
-
-    def on_tick(tick: int) -> None:
-        if tick in at:
-            os.kill(os.getpid(), at[tick])
-
-    return on_tick if at else None
+def run_config(args) -> RunConfig:
+    """The run's config: the profile's train section, then CONFIG's files and overrides."""
+    files = [a for a in args.config if "=" not in a]
+    overrides = [a for a in args.config if "=" in a]
+    if args.profile:
+        overrides = [as_override(k, v) for k, v in load_profile(args.profile)["train"].items()] + overrides
+    return RunConfig.load(*files, overrides=overrides)
 
 
 def cmd_train(args) -> int:
+    from .run.faults import fault_hook, parse_faults
     from .run.trainer import Diverged, Interrupted, train
 
     if args.help_config:
         print(RunConfig.describe())
         return 0
-    files = [a for a in args.config if "=" not in a]
-    overrides = [a for a in args.config if "=" in a]
-    if args.profile:
-        base = [as_override(k, v) for k, v in load_profile(args.profile)["train"].items()]
-        overrides = base + overrides
-    cfg = RunConfig.load(*files, overrides=overrides)
+    if args.fault_at:
+        parse_faults(args.fault_at)  # a bad spec: one line before anything starts
+    cfg = run_config(args)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
     distributed = cfg.runtime == "distributed"
     if distributed and "WORLD_SIZE" not in os.environ:
@@ -88,11 +67,7 @@ def cmd_train(args) -> int:
 
     try:
         metrics = train(
-            cfg,
-            run_dir,
-            checkpoint_dir=args.checkpoint_dir,
-            on_tick=signal_hook(os.environ.get("PETRA_SIGNAL_AT"), rank),
-            log=say,
+            cfg, run_dir, checkpoint_dir=args.checkpoint_dir, on_tick=fault_hook(args.fault_at, rank), log=say
         )
     except Interrupted as stop:
         say(f"petra: stopped: {stop}")
@@ -100,23 +75,28 @@ def cmd_train(args) -> int:
     except Diverged as err:
         say(f"petra: error: {err}")
         return 3
-    except (ConfigError, DataError, ValueError) as err:
+    except Exception as err:
         if not distributed:
             raise
-        say(f"petra: error: {err}")  # every rank raised it
-        return 2
-    except Exception as err:  # noqa: BLE001 - a distributed rank must exit, not hang in teardown
-        if not distributed:
-            raise
-        from .engine.launch import fail
-
-        fail(err)
+        return distributed_exit(err, say)
     if rank == 0:
         print(
             f"{run_dir}: top-1 {metrics['top1']:.2f} %, top-5 {metrics['top5']:.2f} %, "
             f"{metrics['images_per_s']:.0f} images/s"
         )
     return 0
+
+
+def distributed_exit(err: Exception, say) -> int:
+    """A rank of a distributed run ends on ``err``: a user's error was raised by every rank
+    together (one line, exit 2); anything else must exit the rank, not hang in teardown."""
+    if isinstance(err, (ConfigError, DataError, ValueError)):
+        say(f"petra: error: {err}")
+        return 2
+    from .engine.launch import fail
+
+    fail(err)
+    return 1  # fail() exits; never reached
 
 
 def cmd_verify(args) -> int:
@@ -167,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoints/..., which DVC versions, see petra store)",
     )
     p.add_argument("--help-config", action="store_true", help="list every config key with default and meaning")
+    p.add_argument(
+        "--fault-at",
+        metavar="RANK:TICK[:SIGNAL],...",
+        help="testing aid: rank RANK sends itself SIGNAL (default SIGTERM; SIGKILL: a crash) right after "
+        "tick TICK ('start': once it has joined), to exercise stop and resume",
+    )
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser(

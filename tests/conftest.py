@@ -62,15 +62,13 @@ def untimed(records):
     return [untimed(r) for r in records]
 
 
-def whole_and_resumed(config, tmp_path, monkeypatch, signal_at="0:11:SIGINT"):
+def whole_and_resumed(config, tmp_path, signal_at="0:11:SIGINT"):
     """``petra train`` of ``config`` (arguments) once whole and once stopped by ``signal_at``
-    (PETRA_SIGNAL_AT) and resumed; the two run directories."""
+    (``--fault-at``) and resumed; the two run directories."""
     from petra_core.cli import main
 
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     assert main(["train", *config, "--run-dir", str(whole)]) == 0
-    monkeypatch.setenv("PETRA_SIGNAL_AT", signal_at)
-    assert main(["train", *config, "--run-dir", str(cut)]) == 130
-    monkeypatch.delenv("PETRA_SIGNAL_AT")
+    assert main(["train", *config, "--run-dir", str(cut), "--fault-at", signal_at]) == 130
     assert main(["train", *config, "--run-dir", str(cut)]) == 0
     return whole, cut

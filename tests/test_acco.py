@@ -390,7 +390,7 @@ def test_an_acco_run_resumes_bit_for_bit(tmp_path, monkeypatch):
             base_lr=0.01,
         )
     )
-    whole, cut = whole_and_resumed(config, tmp_path, monkeypatch)
+    whole, cut = whole_and_resumed(config, tmp_path)
     a, b = (json.loads((d / "metrics.json").read_text()) for d in (whole, cut))
     assert untimed(a) == untimed(b)
     for name in ("history.json",):

@@ -205,7 +205,7 @@ def test_a_cdp2_run_resumes_bit_for_bit(tmp_path, monkeypatch):
             synthetic_train=128, synthetic_test=64, batch_size=16, k=1, method="petra", replicas=2, replica_rule="cdp2"
         )
     )
-    whole, cut = whole_and_resumed(config, tmp_path, monkeypatch)
+    whole, cut = whole_and_resumed(config, tmp_path)
     for name in ("history.json", "metrics.json"):
         assert untimed(json.loads((cut / name).read_text())) == untimed(json.loads((whole / name).read_text()))
     a = torch.load(whole / "checkpoint.pt", weights_only=False)

@@ -56,13 +56,9 @@ def simulated(tmp_path_factory):
 
 
 def petra_train(run, nprocs, signal_at=""):
+    fault = ["--fault-at", signal_at] if signal_at else []
     procs = launch_local(
-        ["train", *DIST, "--run-dir", str(run)],
-        nprocs,
-        timeout=120,
-        capture=True,
-        module="petra_core.cli",
-        env={"PETRA_SIGNAL_AT": signal_at},
+        ["train", *DIST, "--run-dir", str(run), *fault], nprocs, timeout=120, capture=True, module="petra_core.cli"
     )
     return [p.returncode for p in procs], [p.err for p in procs]
 
@@ -150,12 +146,11 @@ def test_a_dead_rank_is_named_by_every_survivor(tmp_path, when, tick):
     """Rank 1 of 3 (stages 4-6) dies (SIGKILL) {when}: ranks 0 and 2 exit non-zero and their
     message names rank 1 and its stages (heartbeats in the rendezvous store tell who is gone)."""
     procs = launch_local(
-        ["train", *DIST, "dist_timeout=20", "--run-dir", str(tmp_path / "run")],
+        ["train", *DIST, "dist_timeout=20", "--run-dir", str(tmp_path / "run"), "--fault-at", f"1:{tick}:SIGKILL"],
         3,
         timeout=120,
         capture=True,
         module="petra_core.cli",
-        env={"PETRA_SIGNAL_AT": f"1:{tick}:SIGKILL"},
     )
     assert procs[1].returncode == -9, procs[1].err
     for r in (0, 2):
@@ -175,9 +170,7 @@ def simulated_mesh(tmp_path_factory):
 def test_a_2x2_mesh_interrupted_and_resumed_matches_the_simulator(tmp_path, simulated_mesh):
     run = tmp_path / "run"
     argv = ["train", *DIST, "replicas=2", "--run-dir", str(run)]
-    procs = launch_local(
-        argv, 4, timeout=150, capture=True, module="petra_core.cli", env={"PETRA_SIGNAL_AT": "3:10:SIGTERM"}
-    )
+    procs = launch_local([*argv, "--fault-at", "3:10:SIGTERM"], 4, timeout=150, capture=True, module="petra_core.cli")
     assert [p.returncode for p in procs] == [130] * 4, [p.err for p in procs]
     assert "SIGTERM (rank 3) at tick 10" in procs[0].err
     assert sorted(p.name for p in (run / "checkpoint-parts").iterdir()) == [
@@ -194,9 +187,7 @@ def test_a_2x2_mesh_interrupted_and_resumed_matches_the_simulator(tmp_path, simu
 @pytest.mark.slow
 def test_the_simulators_replicas_resume_bit_for_bit(tmp_path, simulated_mesh, monkeypatch):
     run = tmp_path / "run"
-    monkeypatch.setenv("PETRA_SIGNAL_AT", "0:9:SIGINT")
-    assert main(["train", *TINY, "replicas=2", "--run-dir", str(run)]) == 130
-    monkeypatch.delenv("PETRA_SIGNAL_AT")
+    assert main(["train", *TINY, "replicas=2", "--run-dir", str(run), "--fault-at", "0:9:SIGINT"]) == 130
     assert main(["train", *TINY, "replicas=2", "--run-dir", str(run)]) == 0
     assert_same_run(run, simulated_mesh)
     history = json.loads((simulated_mesh / "history.json").read_text())

@@ -282,6 +282,6 @@ def test_a_wash_run_resumes_bit_for_bit_with_its_communication_count(tmp_path, m
             method="petra",
         )
     )
-    whole, cut = whole_and_resumed(config, tmp_path, monkeypatch)
+    whole, cut = whole_and_resumed(config, tmp_path)
     a, b = (json.loads((d / "metrics.json").read_text()) for d in (whole, cut))
     assert untimed(a) == untimed(b)

@@ -35,13 +35,23 @@ ACCO_RESULTS = "results/acco"  # the profile whose runs the ACCO table and curve
 GPU_RESULTS = "results/gpu"  # benchmarks/bench_gpu.py's files (<GPU>.json), Table 1's GPU section
 
 
-def _umask() -> int:
-    mask = os.umask(0)
+def current_umask() -> int:
+    """The process's umask, read without changing it (Linux: /proc/self/status). Elsewhere the only
+    way is to set and restore it, done here on demand, never at import."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
     os.umask(mask)
     return mask
 
 
-FILE_MODE = 0o666 & ~_umask()  # what open() would give: readable by the group on a shared cluster
+def file_mode() -> int:
+    """What a plain open() would give a new file: readable by the group on a shared cluster."""
+    return 0o666 & ~current_umask()
 
 
 def atomic_write(path: Path, write) -> None:
@@ -51,7 +61,7 @@ def atomic_write(path: Path, write) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, FILE_MODE)
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -202,6 +212,7 @@ def environment(device: str) -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "device": device,
+        "umask": f"{current_umask():03o}",  # the mode of every file the run writes (atomic_write)
         # what decides whether another machine can reproduce the run's bits (``petra verify``)
         "cpu_model": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
