@@ -105,7 +105,6 @@ class KeepGraph(StoragePolicy):
 
     name = "graph"
     keeps = ("graph",)
-    stash = False
     joins = True
 
     def __init__(self):
@@ -216,7 +215,6 @@ class StashWeights(KeepGraph):
 
     name = "graph+stash"
     keeps = ("graph", "weight_stash")
-    stash = True
     joins = False  # its graph is of a stashed copy of the weights
 
     def _weights(self, stage, version):
