@@ -75,6 +75,3 @@ class ModelFamily(ABC):
 
     def __deepcopy__(self, memo) -> ModelFamily:
         return self  # stateless: a deep copy of a model keeps its family
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name!r})"
