@@ -1,9 +1,9 @@
 """petra_core: PETRA (Parallel End-to-end Training with Reversible Architectures) in PyTorch.
 
 Floors, bottom up (an import never runs back up a floor):
-models (stages) -> methods (storage policies) and schedule -> engine (stage worker, the one tick
-runner, its worlds) -> accounting (observes the engine) -> data, config, grid -> train, runtime
--> report (reads run records only) -> cli.
+models (stages) and model families (what a model is trained on) -> methods (storage policies)
+and schedule -> engine (stage worker, the one tick runner, its worlds) -> accounting (observes
+the engine) -> data, config, grid -> train, runtime -> report (reads run records only) -> cli.
 
 The names below are loaded on first use, so ``import petra_core.report`` (or any other floor)
 does not pull in the engine.

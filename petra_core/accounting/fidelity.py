@@ -17,7 +17,6 @@ stage and minibatch; with ``every`` = a few hundred steps it is a few percent of
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..batchnorm import frozen_running_stats
 from ..engine.observers import Observer
@@ -27,7 +26,7 @@ from ..replicas.rule import flat_grads
 
 
 def true_gradient(model, stage: int, batches) -> torch.Tensor:
-    """Flat gradient of the mean cross-entropy over ``batches`` w.r.t. stage ``stage``'s parameters.
+    """Flat gradient of the mean loss (the model family's) over ``batches`` w.r.t. stage ``stage``'s parameters.
 
     Uses ``torch.autograd.grad`` (never touches ``.grad``) and frozen running statistics.
     """
@@ -43,7 +42,7 @@ def true_gradient(model, stage: int, batches) -> torch.Tensor:
             h = streams.apply(torch.Tensor.detach, h)
             for s in stages[stage:]:
                 h = s(h)
-            grads = torch.autograd.grad(F.cross_entropy(h, y) / len(batches), params, allow_unused=True)
+            grads = torch.autograd.grad(model.family.loss(h, y) / len(batches), params, allow_unused=True)
             flat = torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)])
             total = flat if total is None else total + flat
     return total

@@ -2,7 +2,8 @@
 
 One row per stage: kind, input/output shapes, parameter and batch-norm buffer counts, and the
 sizes the memory accounting needs: the stage input as it really is (a RevNet activation is both
-streams) and as the paper lists it (one stream, except stem and downsampling stages).
+streams) and as the paper lists it (one stream, except stem and downsampling stages). The input
+is the model family's sample (``ModelFamily.sample_input``), so any family's model can be sized.
 """
 
 from __future__ import annotations
@@ -27,20 +28,17 @@ def conv_bias_params(module: nn.Module) -> int:
     return sum(m.out_channels for m in module.modules() if isinstance(m, nn.Conv2d) and m.bias is None)
 
 
-def _stream_split(model: StagedModel) -> bool:
-    return model.arch.startswith("revnet")
-
-
-def stage_shapes(model: StagedModel, *, batch: int, image_size: int) -> list[dict]:
-    """Propagate a (batch, 3, image_size, image_size) input through a meta copy of ``model``.
+def stage_shapes(model: StagedModel, *, batch: int, **input_options) -> list[dict]:
+    """Propagate the family's sample input of ``batch`` samples (``input_options``, e.g. an image
+    family's ``image_size``) through a meta copy of ``model``.
 
     Columns: stage (0-based), kind, reversible, input_shape, output_shape, input_numel,
     input_numel_paper (one stream unless stem/downsampling), output_numel, params,
     params_with_conv_bias, bn_buffer_bytes (running mean/var and counters, at their dtypes).
     """
     meta = copy.deepcopy(model).to("meta") if next(model.parameters()).device.type != "meta" else model
-    two_streams = _stream_split(model)
-    rows, x = [], torch.empty(batch, 3, image_size, image_size, device="meta")
+    two_streams = bool(model.reversible_stages)  # a reversible model's activations are two streams
+    rows, x = [], model.family.sample_input(batch, device="meta", **input_options)
     with torch.no_grad():
         for j, stage in enumerate(meta):
             y = stage(x)

@@ -7,7 +7,6 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..batchnorm import frozen_running_stats
@@ -48,7 +47,7 @@ def measure_stage_costs(
                 leaf = streams.leaves(x, j > 0)
                 y = stage(leaf)
                 if last:
-                    F.cross_entropy(y, labels).backward()
+                    net.family.loss(y, labels).backward()
                 else:
                     outs = [t for t in streams.tensors(y) if t.requires_grad]
                     torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])

@@ -233,7 +233,7 @@ class Pipeline:
     # ---- what it saw ------------------------------------------------------------------------------
     @property
     def head_log(self) -> list[HeadRecord]:
-        """(mb, loss, correct, n) of every minibatch the heads of this process's replicas have
+        """(mb, loss, sums, n) of every minibatch the heads of this process's replicas have
         processed, ``mb`` the stream's minibatch id; empty where no head lives. Reading it copies the
         heads' unread values from their devices."""
         if not self.workers[-1].is_last:

@@ -6,8 +6,10 @@ optimizer *step*, which the runner takes at the end of the tick, after the repli
 its say. A backward is two calls: :meth:`StageWorker.rebuild` (the local graph: reconstruction,
 recomputation or the kept graph) and :meth:`StageWorker.backward` through it. What a worker keeps
 between forward and backward, and how gradients reach its weights, is its storage policy's
-business. Nothing here waits for the device: the head keeps its
-loss on the device (:class:`HeadLog`) and inputs from another GPU are copied asynchronously.
+business. The head's loss and what it counts of a minibatch are its model family's (the head
+stage's ``objective``): the engine knows no task. Nothing here waits for the device: the head
+keeps its loss on the device (:class:`HeadLog`) and inputs from another GPU are copied
+asynchronously.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import warnings
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..methods import StoragePolicy
@@ -28,32 +29,32 @@ from .messages import BackwardMsg, ForwardMsg
 
 
 class HeadRecord(NamedTuple):
-    """What the head saw of one minibatch."""
+    """What the head saw of one minibatch: its mean loss, its family's additive sums
+    (``ModelFamily.train_sums``, e.g. the correct predictions) and its number of samples."""
 
     mb: int
     loss: float
-    correct: int
+    sums: tuple[float, ...]
     n: int
 
 
 class HeadLog:
-    """The head's per-minibatch loss and correct predictions, kept on the device until :meth:`records`
-    copies everything unread in one transfer: read it once per logging interval, not every tick."""
+    """The head's per-minibatch loss and sums, kept on the device until :meth:`records` copies
+    everything unread in one transfer: read it once per logging interval, not every tick."""
 
     def __init__(self):
         self._read: list[HeadRecord] = []
         self._unread: list[tuple[int, Tensor, Tensor, int]] = []
 
-    def add(self, mb: int, loss: Tensor, correct: Tensor, n: int) -> None:
-        self._unread.append((mb, loss, correct, n))
+    def add(self, mb: int, loss: Tensor, sums: Tensor, n: int) -> None:
+        self._unread.append((mb, loss, sums, n))
 
     def records(self) -> list[HeadRecord]:
         if self._unread:
             losses = torch.stack([loss for _, loss, _, _ in self._unread])
-            values = torch.stack([losses, torch.stack([c for _, _, c, _ in self._unread]).to(losses.dtype)]).tolist()
-            self._read += [
-                HeadRecord(mb, loss, int(correct), n) for (mb, _, _, n), loss, correct in zip(self._unread, *values)
-            ]
+            sums = torch.stack([s for _, _, s, _ in self._unread]).to(losses.dtype)
+            rows = torch.cat([losses[:, None], sums], 1).tolist()
+            self._read += [HeadRecord(mb, row[0], tuple(row[1:]), n) for (mb, _, _, n), row in zip(self._unread, rows)]
             self._unread.clear()
         return self._read
 
@@ -61,7 +62,13 @@ class HeadLog:
         return [tuple(r) for r in self.records()]
 
     def load_state_dict(self, state: list[tuple]) -> None:
-        self._read, self._unread = [HeadRecord(*r) for r in state], []
+        self._read, self._unread = [_record(*r) for r in state], []
+
+
+def _record(mb: int, loss: float, sums, n: int) -> HeadRecord:
+    """A saved record; one a checkpoint from before model families wrote has a number, its correct
+    predictions (the image family's one sum), where the sums are."""
+    return HeadRecord(mb, loss, tuple(sums) if isinstance(sums, (tuple, list)) else (float(sums),), n)
 
 
 class StageWorker:
@@ -92,6 +99,12 @@ class StageWorker:
         self.pending = 0  # backward passes accumulated since the last step
         self.labels: dict[int, Tensor] = {}  # head only: labels of in-flight minibatches
         self.head_log = HeadLog() if self.is_last else None
+        self.objective = stage.objective if self.is_last else None  # the model family's loss and sums
+        if self.is_last and self.objective is None:
+            raise ValueError(
+                f"the last stage ({type(stage).__name__}) has no objective: build the model with its "
+                f"family (petra_core.families: build(arch, ...), or ModelFamily.staged)"
+            )
         self.peak_kept: dict[str, int] = {}
         # a stage is placed on its device before its worker is built, and stays there
         self.params = list(stage.parameters())
@@ -127,10 +140,10 @@ class StageWorker:
         for the previous stage, if one goes back."""
         labels = self.labels.pop(mb, None)
         if self.is_last:
-            logits = graph.output
-            loss = F.cross_entropy(widen(logits), labels)  # bf16 logits: the loss in float32
+            output = graph.output
+            loss = self.objective.loss(output, labels)
             (loss / self.k).backward()
-            self.head_log.add(mb, loss.detach(), (logits.detach().argmax(1) == labels).sum(), len(labels))
+            self.head_log.add(mb, loss.detach(), self.objective.minibatch_sums(output.detach(), labels), len(labels))
         else:
             if self.gradient_in and (msg is None or msg.mb != mb):
                 raise RuntimeError(

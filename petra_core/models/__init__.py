@@ -1,4 +1,4 @@
-"""Staged ResNets and RevNets (models know nothing of training methods).
+"""Stages and staged models: ResNet and RevNet blocks, the spec table (models know nothing of training methods).
 
 Names are loaded on first use: reading the spec table (``specs``) or the stage interface
 (``stage``) does not build the blocks.
@@ -15,7 +15,7 @@ _EXPORTS = {
     "ReversibleStage": "stage",
     "Stage": "stage",
     "StagedModel": "staged",
-    "build_model": "staged",
+    "build_model": "build",
     "AuxHead": "aux_heads",
     "AUX_HEADS": "aux_heads",
 }

@@ -127,7 +127,7 @@ class DownsamplingBlock(Stage):
 
 
 class Head(Stage):
-    """Last stage: global average pool -> linear. The loss is taken by the engine."""
+    """Last stage: global average pool -> linear. The loss is its family's (``head.objective``), taken by its worker."""
 
     kind = "H"
 

@@ -118,6 +118,7 @@ class Stage(nn.Module):
 
     reversible: bool = False
     kind: str = "B"
+    objective = None  # the head's: its model family, whose loss the head's worker takes (families/family.py)
 
     def rebuild(self, x: Activation, *, input_grad: bool = True) -> LocalGraph:
         """Recompute F_j on a stored input ``x`` with a local graph (activation checkpointing)."""

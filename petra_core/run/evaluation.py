@@ -1,4 +1,4 @@
-"""Evaluating a staged model: test metrics, and the batch-norm re-estimation diagnostic.
+"""Evaluating a staged model: its family's test metrics, and the batch-norm re-estimation diagnostic.
 
 The paper's metric is top-1 with the running statistics as trained. Delayed methods update
 those statistics from weights that move while a minibatch is in flight, so at short budgets the
@@ -12,28 +12,26 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 
 @torch.no_grad()
 def evaluate(model, stream) -> dict:
-    """Test loss, top-1 and top-5 (%) with running batch-norm statistics."""
+    """The model family's test metrics (image classification: test loss, top-1 and top-5 in %)
+    with running batch-norm statistics: its per-batch sums added up over the test set."""
     was_training = model.training
     model.eval()
     first = next(model.parameters()).device
     last = next(model[-1].parameters()).device
-    loss = top1 = top5 = n = 0.0
-    for images, labels in stream.iter_epoch(0):
-        logits = model(images.to(first))
-        labels = labels.to(last)
-        loss += float(F.cross_entropy(logits, labels, reduction="sum"))
-        top = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        top1 += float((top[:, 0] == labels).sum())
-        top5 += float((top == labels[:, None]).any(dim=1).sum())
-        n += len(labels)
+    sums: dict[str, float] = {}
+    n = 0.0
+    for inputs, targets in stream.iter_epoch(0):
+        output = model(inputs.to(first))
+        for key, value in model.family.eval_sums(output, targets.to(last)).items():
+            sums[key] = sums.get(key, 0.0) + value
+        n += len(targets)
     model.train(was_training)
-    return {"test_loss": loss / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n}
+    return model.family.eval_record(sums, n)
 
 
 @torch.no_grad()

@@ -25,7 +25,7 @@ from ..accounting import measure_stage_costs
 from ..data import DataError, Prefetcher, build_data
 from ..engine import LocalWorld, Pipeline, assemble
 from ..engine.placement import format_placement
-from ..models import build_model
+from ..families import build
 from ..optim import Recipe
 from ..replicas import get_rule
 from .checkpoints import Checkpoints
@@ -50,7 +50,7 @@ def load_data(cfg: RunConfig):
 def make_model(cfg: RunConfig, num_classes: int, stem: str):
     """The run's model, initialised from its seed (every rank of a distributed run builds the same)."""
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.arch, num_classes=num_classes, stem=stem, width=cfg.width, aux_head=cfg.aux_head)
+    model = build(cfg.arch, num_classes=num_classes, stem=stem, width=cfg.width, aux_head=cfg.aux_head)
     if cfg.channels_last:
         model.to(memory_format=torch.channels_last)
     return model

@@ -230,7 +230,7 @@ class Trainer:
         def record():
             log_records = [r for part in logs for r in part]
             lr = pipe.workers[0].optimizer.param_groups[0]["lr"]  # stage 0's (rank 0)
-            entry = epoch_record(epoch, log_records, lr, model, rt.data, self.tick_time, sum(images))
+            entry = epoch_record(epoch, log_records, lr, model, rt.data, self.tick_time, sum(images), rt.model.family)
             self.history.append(entry)
             runio.write_json(self.run_dir / runio.HISTORY, self.history)
             if due and not math.isfinite(entry["test_loss"]):
@@ -341,16 +341,17 @@ class FidelityLog:
         runio.write_text(self.path, frame.to_csv(index=False))
 
 
-def epoch_record(epoch: int, logs, lr: float, model, data, tick_time: float, images: int) -> dict:
-    """``logs``: the head's records (HeadRecord) of this epoch; ``model`` None: no evaluation this
-    epoch (``eval_every``), test metrics recorded as None."""
+def epoch_record(epoch: int, logs, lr: float, model, data, tick_time: float, images: int, family) -> dict:
+    """``logs``: the head's records (HeadRecord) of this epoch, which the model's ``family`` turns
+    into training fields (``train_loss``, ``train_acc``); ``model`` None: no evaluation this epoch
+    (``eval_every``), the family's test fields recorded as None."""
     n = sum(r.n for r in logs)
+    sums = [sum(r.sums[i] for r in logs) for i in range(len(family.train_sums))]
     start = time.perf_counter()
-    test = evaluate(model, data.test) if model is not None else {"test_loss": None, "top1": None, "top5": None}
+    test = evaluate(model, data.test) if model is not None else dict.fromkeys(family.eval_names)
     return {
         "epoch": epoch + 1,
-        "train_loss": sum(r.loss * r.n for r in logs) / n,
-        "train_acc": 100 * sum(r.correct for r in logs) / n,
+        **family.train_record(sum(r.loss * r.n for r in logs), sums, n),
         **test,
         "lr": lr,
         "images_per_s": images / max(tick_time, 1e-9),
