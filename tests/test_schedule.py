@@ -220,3 +220,15 @@ def test_in_flight_is_the_most_a_stage_holds(kind, J, k):
 def test_the_fill_and_drain_is_two_ticks_a_stage_but_the_heads():
     assert [fill_drain(J) for J in (1, 2, 18)] == [0, 2, 34]
     assert Sequential(18, 1).period == fill_drain(18) + 1
+
+
+def test_petra_schedule_prints_the_table_with_steps_and_messages(capsys):
+    from petra_core.cli import main
+
+    assert main(["schedule", "--method", "gpipe", "--stages", "3", "--batches", "4", "-k", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    s = GPipe(3, 4, k=2)
+    assert len(lines) == 1 + s.num_ticks + 1
+    assert lines[3].split() == ["2", "./.", "F1>/.", "F0/B0<"]  # the head's gradient of 0 goes down
+    assert lines[4].split() == ["3", "./.", "./B0<", "F1/B1<*"]  # the head steps at the end of its group
+    assert lines[-1].startswith(f"gpipe: gpipe schedule, {s.num_ticks} ticks, bubble {s.bubble_fraction():.3f}")

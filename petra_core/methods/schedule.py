@@ -177,9 +177,10 @@ class Schedule(metaclass=_ByName):
         """The stages that compute anything at ``tick`` (the others are idle)."""
         return [j for j in range(self.num_stages) if self._minibatches(tick, j) != (None, None)]
 
-    def table(self) -> list[list[Action]]:
-        """table[t][j] = action of stage j at tick t."""
-        return [[self.action(t, j) for j in range(self.num_stages)] for t in range(self.num_ticks)]
+    def table(self, max_ticks: int | None = None) -> list[list[Action]]:
+        """table[t][j] = action of stage j at tick t (the first ``max_ticks`` ticks, or all)."""
+        ticks = self.num_ticks if max_ticks is None else min(max_ticks, self.num_ticks)
+        return [[self.action(t, j) for j in range(self.num_stages)] for t in range(ticks)]
 
     def bubble_fraction(self) -> float:
         """The share of (tick, stage) cells in which a stage computes nothing."""
@@ -191,7 +192,6 @@ class Schedule(metaclass=_ByName):
         a forward whose activation goes up, ``<`` after a backward whose gradient goes down (both
         consumed by the neighbour when it runs that minibatch), ``*`` when the stage steps at the
         end of the tick."""
-        ticks = self.num_ticks if max_ticks is None else min(max_ticks, self.num_ticks)
 
         def cell(a: Action) -> str:
             up, down = (any(m.direction == d for m in a.sends) for d in (FORWARD, BACKWARD))
@@ -200,7 +200,7 @@ class Schedule(metaclass=_ByName):
             return f"{f}/{b}" + ("*" if a.step else "")
 
         rows = [["tick", *[f"stage {j}" for j in range(self.num_stages)]]]
-        rows += [[str(t), *[cell(self.action(t, j)) for j in range(self.num_stages)]] for t in range(ticks)]
+        rows += [[str(t), *map(cell, actions)] for t, actions in enumerate(self.table(max_ticks))]
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         return "\n".join("  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows)
 
