@@ -103,7 +103,7 @@ class Pipeline:
         self.waiting: dict[tuple[int, int], StageWorker] = {}  # (replica, stage) -> gave its part, not yet stepped
         # one replica whose weights stay fixed in flight: steps wait for the flush (_steps_of_the_tick)
         self.defer_steps = schedule.fixed_weights_in_flight and world.mesh.replicas == 1
-        self.deferred: set[int] = set()  # stages that ran a backward and have not been looked at for a step
+        self.deferred: set[int] = set()  # stages the table said step and have not been looked at for a step
         self.tick = 0
         self.sync_timing = sync_timing and self.workers[0].device.type == "cuda"
         self.wall_s = 0.0  # seconds spent in this process's ticks

@@ -27,6 +27,7 @@ module; ``tests/test_schedule.py`` checks it in closed form.
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -82,7 +83,7 @@ def schedule_type(name: str) -> type[Schedule]:
     return SCHEDULES[name]
 
 
-class _ByName(type):
+class _ByName(ABCMeta):
     """``Schedule("pipelined", J, n)`` builds the schedule type registered under that name."""
 
     def __call__(cls, *args, **kwargs):
@@ -124,33 +125,34 @@ class Schedule(metaclass=_ByName):
 
     # ---- what a subclass defines ----------------------------------------------------------------
     @property
+    @abstractmethod
     def num_ticks(self) -> int:
         """Ticks until every minibatch has had its backward at every stage (pipeline drained)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _minibatches(self, tick: int, stage: int) -> tuple[int | None, int | None]:
-        raise NotImplementedError
+        """The minibatches ``stage`` runs the forward and the backward of at ``tick`` (None: idle)."""
 
+    @abstractmethod
     def forward_tick(self, mb: int, stage: int) -> int:
         """The tick at which ``stage`` runs the forward of minibatch ``mb``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def backward_tick(self, mb: int, stage: int) -> int:
         """The tick at which ``stage`` runs the backward of minibatch ``mb``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def flushed(self, tick: int) -> bool:
         """Is no minibatch in flight at the end of ``tick`` (steps may wait for such a tick)?"""
-        raise NotImplementedError
 
+    @abstractmethod
     def staleness(self, stage: int) -> int:
         """Ticks by which the weights of a backward at ``stage`` may be newer than its forward's."""
-        raise NotImplementedError
 
+    @abstractmethod
     def in_flight(self, stage: int) -> int:
         """The most minibatches ``stage`` holds between forward and backward at a tick's end (given
         enough minibatches)."""
-        raise NotImplementedError
 
     # ---- the table --------------------------------------------------------------------------------
     def _valid(self, mb: int) -> int | None:
@@ -260,8 +262,9 @@ class _Flushed(Schedule):
     def group_size(self) -> int:
         return self.k
 
+    @abstractmethod
     def _backward_start(self, size: int, stage: int) -> int:
-        raise NotImplementedError
+        """The local tick of the first of ``size`` minibatches' backward at ``stage``."""
 
     def _group_ticks(self, size: int) -> int:
         return self._backward_start(size, 0) + size
