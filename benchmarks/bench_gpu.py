@@ -133,7 +133,7 @@ def measure(
     if cuda:
         x, y = x.pin_memory(), y.pin_memory()
     J = len(model)
-    per = 1 if METHODS[method].schedule == "pipelined" else 2 * J - 1  # ticks per minibatch
+    per = 2 * J - 1 if METHODS[method].schedule.fixed_weights_in_flight else 1  # ticks per minibatch
     fill = 2 * (J - 1) + 1 if per == 1 else 1
     peak_ticks = per  # one minibatch's worth, after the timed ones
     n = fill + timed + 2 * J + 2  # minibatches: enough that the timed and peak ticks are all steady

@@ -47,7 +47,7 @@ def measure(args) -> dict:
         batch_size=args.batch,
         recipe=Recipe(base_lr=0.01),
     )
-    per_mb = 1 if sim.schedule.kind == "pipelined" else sim.schedule.period
+    per_mb = sim.schedule.period if sim.schedule.one_in_flight else 1
     sim.run(warm * per_mb)
     start = time.perf_counter()
     sim.run(timed * per_mb)

@@ -63,7 +63,7 @@ def engine_loop(model, method: str, x, y, recipe: Recipe, **kwargs):
     sim = Simulator(
         model, method, num_batches=10**7, get_batch=lambda mb: (x, y), batch_size=len(y), recipe=recipe, **kwargs
     )
-    per_batch = 1 if sim.schedule.kind == "pipelined" else sim.schedule.period
+    per_batch = sim.schedule.period if sim.schedule.one_in_flight else 1
     sim.run(2 * len(model) * per_batch)  # fill the pipeline
 
     def step():

@@ -23,7 +23,7 @@ _EXPORTS = {
     "Simulator": "engine",
     "simulate": "engine",
     "Recipe": "optim",
-    "Schedule": "engine.schedule",
+    "Schedule": "methods.schedule",
 }
 __all__ = [*sorted(_EXPORTS), "__version__"]
 __getattr__, __dir__ = lazy(__name__, _EXPORTS)

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from .data import DATASETS, DataError, prepare
-from .engine.schedule import Schedule
 from .methods import METHODS
 from .run.config import ConfigError, RunConfig
 from .workflow.grid import as_override, default_run_dir, load_profile
@@ -120,7 +119,13 @@ def cmd_prepare(args) -> int:
 
 def cmd_schedule(args) -> int:
     method = METHODS[args.method]
-    print(Schedule(method.schedule, args.stages, args.batches).format(args.max_ticks))
+    schedule = method.schedule(args.stages, args.batches, k=args.k)
+    print(schedule.format(args.max_ticks))
+    print(
+        f"{method.name}: {schedule.name} schedule, {schedule.num_ticks} ticks, bubble "
+        f"{schedule.bubble_fraction():.3f}; F<m>/B<m> forward/backward of minibatch m, > activation "
+        "sent up, < gradient sent down, * the stage steps at the end of the tick"
+    )
     return 0
 
 
@@ -188,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", choices=list(METHODS), default="petra")
     p.add_argument("--stages", type=int, default=4)
     p.add_argument("--batches", type=int, default=4)
+    p.add_argument("-k", type=int, default=1, help="accumulation: backwards per step (GPipe, 1F1B: per flush)")
     p.add_argument("--max-ticks", type=int)
     p.set_defaults(func=cmd_schedule)
 

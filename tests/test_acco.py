@@ -313,7 +313,11 @@ def test_weight_prediction_is_dpu_computing_at_the_predicted_weights():
 
 def test_bad_acco_setups_are_one_line():
     data = make_batches(4, batch=4)
-    cases = [(dict(k=1, method="backprop"), "needs k >= 2"), (dict(k=2, method="petra"), "sequential schedule")]
+    cases = [
+        (dict(k=1, method="backprop"), "needs k >= 2"),
+        (dict(k=2, method="petra"), "runs on the sequential schedule; the method's is 'pipelined'"),
+        (dict(k=2, method="1f1b"), "runs on the sequential schedule; the method's is '1f1b'"),  # one a flush only
+    ]
     for kwargs, needle in cases:
         with pytest.raises(ValueError) as err:
             Simulator(

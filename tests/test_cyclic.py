@@ -25,7 +25,7 @@ from petra_core.accounting.cyclic import (
     summarize,
     uniform_offset,
 )
-from petra_core.engine.schedule import Schedule
+from petra_core.methods.schedule import Schedule
 from petra_core.replicas import get_rule
 
 R = 4

@@ -3,8 +3,9 @@
 * placement: pure functions (even split, exact balanced split checked against brute force, specs);
 * wire format: header round trip for every slot layout;
 * 2 ranks under torchrun and 3 ranks under the local launcher (gloo, CPU, one thread each): a
-  tiny RevNet trained 10 minibatches with PETRA and with delayed gradients ends with the
-  simulator's weights bit for bit (every tensor of the state_dict, buffers included);
+  tiny RevNet trained 10 minibatches with PETRA and with delayed gradients (and, on 3 ranks, with
+  GPipe and 1F1B) ends with the simulator's weights bit for bit (every tensor of the state_dict,
+  buffers included);
 * failures: a rank SIGKILLed mid-run, and a rank that hangs — every process exits non-zero
   quickly and the survivors name the failed stage.
 
@@ -212,6 +213,31 @@ def test_three_ranks_balanced_placement_with_accumulation_match_the_simulator(tm
     check_outcome(procs)
     assert procs[0].out.count("on 3 ranks") == 2
     for method in ("petra", "delayed"):
+        assert_bit_for_bit(torch.load(tmp_path / f"{method}.pt"), simulator_state(argv, method), method)
+
+
+@pytest.mark.slow
+def test_synchronous_pipelines_on_three_ranks_match_the_simulator(tmp_path):
+    """GPipe and 1F1B with k = 3 microbatches a flush over 10 minibatches (a partial last group); the
+    head alone on the last rank, so GPipe's head gradients wait on the wire for stage 8's forwards."""
+    argv = [
+        *COMMON,
+        "--width",
+        "2",
+        "--image-size",
+        "8",
+        "--k",
+        "3",
+        "--method",
+        "gpipe,1f1b",
+        "--placement",
+        "0-3,4-8,9",
+        "--save",
+        str(tmp_path / "{method}.pt"),
+    ]
+    procs = launch_local(argv, 3, timeout=110, capture=True, script=RANKS)
+    check_outcome(procs)
+    for method in ("gpipe", "1f1b"):
         assert_bit_for_bit(torch.load(tmp_path / f"{method}.pt"), simulator_state(argv, method), method)
 
 

@@ -1,4 +1,4 @@
-"""Oracles for the five methods run through the one stage algorithm (issue: methods + simulator)."""
+"""Oracles for the methods run through the one stage algorithm (issue: methods + simulator)."""
 
 import copy
 import io
@@ -245,7 +245,8 @@ def test_every_method_runs_a_whole_schedule_on_the_meta_device(method, replicas)
     model = make_model(method=method)
     x = torch.empty(2, 3, 16, 16, device="meta")
     y = torch.empty(2, dtype=torch.long, device="meta")
-    n = 2 * len(model) if METHODS[method].schedule == "pipelined" else 2  # past the fill, into the steady state
+    # past the fill, into the steady state (where weights move in flight)
+    n = 2 if METHODS[method].schedule.fixed_weights_in_flight else 2 * len(model)
     pipe = Pipeline(
         **assemble(
             model,
@@ -353,7 +354,7 @@ def test_joined_graphs_give_the_bits_of_a_graph_per_stage(arch, k, precision, ch
     assert _same_bits(joined, apart)
 
 
-@pytest.mark.parametrize("method", ["delayed", "petra", "revbackprop", "local"])
+@pytest.mark.parametrize("method", ["delayed", "petra", "revbackprop", "local", "gpipe", "1f1b"])
 def test_only_graphs_of_the_live_weights_under_a_sequential_schedule_join(method):
     model = make_model(method=method)
     pipe = Pipeline(
@@ -362,11 +363,11 @@ def test_only_graphs_of_the_live_weights_under_a_sequential_schedule_join(method
         )
     )
     expected = [
-        METHODS[method].schedule == "sequential" and w.storage.joins and b.storage.joins
+        METHODS[method].schedule.one_in_flight and w.storage.joins and b.storage.joins
         for w, b in zip(pipe.workers, pipe.workers[1:])
     ]
     assert [w.joins_next for w in pipe.workers] == expected + [False]
-    assert not any(expected), method  # of the paper's methods, backprop alone keeps live graphs
+    assert not any(expected), method  # backprop alone keeps live graphs with one minibatch in flight
 
 
 def test_a_joined_pipeline_saved_at_any_tick_of_a_period_resumes_to_the_same_bits():
@@ -377,3 +378,30 @@ def test_a_joined_pipeline_saved_at_any_tick_of_a_period_resumes_to_the_same_bit
     period = 2 * len(make_model()) - 1
     for tick in range(period, 2 * period + 1):  # every tick of the second minibatch's period
         assert _same_bits(_train("backprop", "revnet18", n, k, interrupt_at=tick), whole), tick
+
+
+@pytest.mark.parametrize("method", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("arch", ["revnet18", "resnet18"])
+@pytest.mark.parametrize("k", [2, 3])
+def test_synchronous_pipelines_train_as_backprop_bit_for_bit(method, arch, k):
+    """GPipe and 1F1B (backprop's storage, k microbatches a flush) give backprop's weights, batch-norm
+    statistics and losses bit for bit: no weight moves in flight and each stage runs its backwards
+    in forward order, so every gradient accumulates in backprop's order. n = 7: a partial last group."""
+    n = 7
+    reference = _train("backprop", arch, n, k)
+    run = _train(method, arch, n, k)
+    assert not any(run[2])  # several minibatches in flight: a graph per stage (assembly.join_graphs)
+    assert _same_bits(run, reference), (method, arch, k)
+    initial = make_model(arch).state_dict()
+    assert not torch.equal(reference[0]["0.body.0.weight"], initial["0.body.0.weight"])  # it trained
+
+
+@pytest.mark.parametrize("method", ["gpipe", "1f1b"])
+def test_a_synchronous_pipeline_saved_at_any_tick_of_a_group_resumes_to_the_same_bits(method):
+    """Saved at every tick (fill, both groups, the partial last one), resumed, the same bits."""
+    n, k = 5, 3
+    whole = _train(method, "revnet18", n, k)
+    assert _same_bits(whole, _train("backprop", "revnet18", n, k))
+    schedule = METHODS[method].schedule(len(make_model()), n, k=k)
+    for tick in range(schedule.num_ticks):
+        assert _same_bits(_train(method, "revnet18", n, k, interrupt_at=tick), whole), tick

@@ -23,7 +23,8 @@ import pandas as pd
 
 from ..engine import LocalWorld, Simulator
 from ..engine.observers import Observer
-from ..engine.schedule import Schedule
+from ..methods import get_method
+from ..methods.schedule import Schedule
 from ..run.runio import CYCLIC_FILES
 
 
@@ -222,7 +223,7 @@ def measure(settings: dict | None = None) -> dict[str, pd.DataFrame | dict]:
         ]
         torch.manual_seed(cfg["seed"])
         J = len(build_model(arch, num_classes=10, width=cfg["width"]))
-        schedule = Schedule("sequential", J, cfg["steps"])
+        schedule = get_method("backprop").schedule(J, cfg["steps"])
         for label, rule, offset in variants(schedule, R):
             torch.manual_seed(cfg["seed"])
             model = build_model(arch, num_classes=10, width=cfg["width"])

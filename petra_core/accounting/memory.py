@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 
 from ..engine import Simulator
-from ..engine.schedule import staleness
 from ..methods import get_method
+from ..methods.schedule import Schedule, fill_drain
 from ..models import StagedModel
 from ..optim import Recipe
 from .held import AllocationMeter, held_by_stage, held_total
@@ -35,16 +35,16 @@ from .shapes import FLOAT32, stage_shapes
 LABEL_BYTES = 8  # int64 class labels
 
 
-def stash_versions(J: int, stage: int, tick: int, k: int) -> int:
-    """Distinct weight versions among a stage's in-flight minibatches at the end of ``tick``.
+def stash_versions(schedule: Schedule, stage: int, tick: int) -> int:
+    """Distinct weight versions among a stage's in-flight minibatches at the end of ``tick`` of a
+    pipelined ``schedule`` (one backward a tick once the stage has started backwards).
 
-    The forward of tick tau uses version floor(backwards done before tau / k); the stage's first
-    backward is at tick 2(J-1) - stage; the in-flight minibatches were forwarded at ticks
-    tick - staleness + 1 .. tick.
+    The forward of tick tau uses version floor(backwards done before tau / k); the in-flight
+    minibatches were forwarded at ticks tick - staleness + 1 .. tick.
     """
-    first_backward = 2 * (J - 1) - stage
-    taus = range(tick - staleness(J, stage) + 1, tick + 1)
-    return len({max(0, tau - first_backward) // k for tau in taus})
+    first_backward = schedule.backward_tick(0, stage)
+    taus = range(tick - schedule.staleness(stage) + 1, tick + 1)
+    return len({max(0, tau - first_backward) // schedule.k for tau in taus})
 
 
 def predict_steady_state(
@@ -63,38 +63,51 @@ def predict_steady_state(
     tick >= 2(J-1), with minibatches still entering the pipeline.
     """
     m = get_method(method)
-    if m.schedule != "pipelined":
-        raise ValueError(f"steady state is defined for pipelined methods; {method!r} is {m.schedule}")
+    if m.schedule.fixed_weights_in_flight:
+        raise ValueError(
+            f"steady state is defined for schedules whose weights move in flight (pipelined); {method!r} is "
+            f"{m.schedule.name}"
+        )
     shapes = stage_shapes(model, batch=batch, image_size=image_size)
     J = len(shapes)
-    tick = 4 * (J - 1) if tick is None else tick
-    if tick < 2 * (J - 1):
-        raise ValueError(f"tick {tick} is before the steady state (tick >= {2 * (J - 1)})")
+    tick = 2 * fill_drain(J) if tick is None else tick
+    if tick < fill_drain(J):
+        raise ValueError(f"tick {tick} is before the steady state (tick >= {fill_drain(J)})")
+    schedule = m.schedule(J, tick + 1, k=k)
     policies = [m.policy_for(stage, last=j == J - 1) for j, stage in enumerate(model)]
     rows = []
-
-    def add(r, component, n):
-        rows.append(dict(stage=r["stage"], kind=r["kind"], component=component, bytes=n))
-
     for j, r in enumerate(shapes):
-        s, policy = staleness(J, j), policies[j]
-        x = FLOAT32 * r["input_numel"]
-        if "input" in policy.keeps:
-            add(r, "input_buffer", s * x)
-            if j > 0 and shapes[j - 1]["kind"] == "R" and "input" in policies[j - 1].keeps:
-                add(r, "shared_stream", -s * x // 2)  # each buffered input's second stream: stage j-1's
-        if r["kind"] == "R" and "input" in policy.keeps and j < J - 1:
-            add(r, "shared_stream", -FLOAT32 * r["output_numel"] // 2)  # the message's second stream: buffered here
-        if "weight_stash" in policy.keeps:
-            add(r, "weight_stash", stash_versions(J, j, tick, k) * FLOAT32 * r["params"])
-        if "graph" in policy.keeps and j < J - 1:
-            add(r, "graph", None)  # depends on the layers' saved tensors: not predictable from shapes
-        if j < J - 1:
-            add(r, "forward_message", FLOAT32 * r["output_numel"] + LABEL_BYTES * batch)
-        if j > 0:
-            add(r, "backward_message", x * (2 if policies[j - 1].needs_output_back else 1))
-        if momentum:
-            add(r, "optimizer_state", FLOAT32 * r["params"])
+        previous = (shapes[j - 1]["kind"], policies[j - 1]) if j > 0 else None
+        rows += _stage_rows(r, policies[j], previous, schedule, tick, batch, momentum)
+    return rows
+
+
+def _stage_rows(r: dict, policy, previous, schedule: Schedule, tick: int, batch: int, momentum: bool) -> list[dict]:
+    """The rows of one stage (``r``: its shapes; ``previous``: the previous stage's kind and policy)."""
+    rows = []
+    j, J = r["stage"], schedule.num_stages
+
+    def add(component, n):
+        rows.append(dict(stage=j, kind=r["kind"], component=component, bytes=n))
+
+    s = schedule.staleness(j)
+    x = FLOAT32 * r["input_numel"]
+    if "input" in policy.keeps:
+        add("input_buffer", s * x)
+        if previous is not None and previous[0] == "R" and "input" in previous[1].keeps:
+            add("shared_stream", -s * x // 2)  # each buffered input's second stream: stage j-1's
+    if r["kind"] == "R" and "input" in policy.keeps and j < J - 1:
+        add("shared_stream", -FLOAT32 * r["output_numel"] // 2)  # the message's second stream: buffered here
+    if "weight_stash" in policy.keeps:
+        add("weight_stash", stash_versions(schedule, j, tick) * FLOAT32 * r["params"])
+    if "graph" in policy.keeps and j < J - 1:
+        add("graph", None)  # depends on the layers' saved tensors: not predictable from shapes
+    if j < J - 1:
+        add("forward_message", FLOAT32 * r["output_numel"] + LABEL_BYTES * batch)
+    if j > 0:
+        add("backward_message", x * (2 if previous[1].needs_output_back else 1))
+    if momentum:
+        add("optimizer_state", FLOAT32 * r["params"])
     return rows
 
 
@@ -126,7 +139,7 @@ def measure_steady_state(
             torch.randint(0, num_classes, (batch,), generator=gen),
         )
 
-    tick = 4 * (J - 1) if tick is None else tick  # every stage busy, weight stashes at their steady count
+    tick = 2 * fill_drain(J) if tick is None else tick  # every stage busy, weight stashes at their steady count
     sim = Simulator(model, method, num_batches=tick + 2, get_batch=get_batch, batch_size=batch, k=k, recipe=recipe)
     with AllocationMeter() as meter:
         sim.run(ticks=tick + 1)

@@ -5,8 +5,8 @@ analytic entries (section ``table1`` of ``petra_core/paper_reference.yaml``) are
 measured ones, normalised as the paper does:
 
 * activations: bytes a stage keeps between forward and backward at steady state, in stage inputs
-  (per-minibatch bytes measured, times the minibatches in flight: staleness 2(J-j) when pipelined,
-  1 when sequential);
+  (per-minibatch bytes measured, times the minibatches in flight, ``Schedule.in_flight``: staleness
+  2(J-j) when pipelined, 1 when sequential);
 * params: copies of the stage's weights held (live weights + stashed versions, ceil(staleness/k));
 * comm: payload (activation + gradient) per minibatch, in messages of backprop on the ResNet of
   the same stream width (the paper's convention for reversible methods) and on the same network;
@@ -25,7 +25,6 @@ import pandas as pd
 import torch
 
 from ..engine import Simulator
-from ..engine.schedule import staleness
 from ..methods import METHODS, get_method
 from ..models import build_model
 from ..reference import evaluate_formula, load_reference
@@ -121,14 +120,13 @@ def per_stage(
         first = kept[kept.in_flight == 1].groupby(["stage", "buffer"]).held_bytes.first().unstack(fill_value=0)
         sent = msg.groupby(["stage", "direction"]).payload_bytes.mean().unstack(fill_value=0)
         received = msg[msg.direction == "backward"].groupby("receiver").payload_bytes.mean()
+        schedule = m.schedule(J, num_batches, k=k)
         for j, s in shapes.iterrows():
-            pipelined = m.schedule == "pipelined"
-            stale = staleness(J, j) if pipelined else 0
-            n = stale if pipelined else (1 if j < J - 1 else 0)
+            stale, n = schedule.staleness(j), schedule.in_flight(j)
             row = dict(
                 arch=arch,
                 method=method,
-                schedule=m.schedule,
+                schedule=schedule.name,
                 stage=j,
                 kind=s.kind,
                 J=J,
@@ -144,7 +142,7 @@ def per_stage(
             for buf in ("input", "graph", "weight_stash"):
                 row[f"{buf}_bytes_per_mb"] = int(first.at[j, buf]) if j in first.index and buf in first else 0
             row["kept_bytes"] = n * (row["input_bytes_per_mb"] + row["graph_bytes_per_mb"])
-            row["stash_bytes"] = (math.ceil(stale / k) if pipelined else 0) * row["weight_stash_bytes_per_mb"]
+            row["stash_bytes"] = math.ceil(stale / k) * row["weight_stash_bytes_per_mb"]
             row["activations_units"] = row["kept_bytes"] / row["input_bytes"]
             row["params_units"] = 1 + row["stash_bytes"] / row["param_bytes"]
             for phase in ("forward", "rebuild", "backward"):
@@ -192,7 +190,7 @@ def network_costs(df: pd.DataFrame) -> pd.DataFrame:
         work = g.forward_seconds + g.rebuild_seconds + g.backward_seconds
         parallel = pd.concat([g.forward_seconds, g.rebuild_seconds + g.backward_seconds], axis=1).max(axis=1)
         flops = (g.forward_flops + g.rebuild_flops + g.backward_flops).sum()
-        seq = g.schedule.iloc[0] == "sequential"
+        seq = get_method(method).schedule.one_in_flight
         rows.append(
             dict(
                 arch=g.arch.iloc[0],

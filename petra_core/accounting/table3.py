@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from ..engine.schedule import staleness
+from ..methods.schedule import staleness
 from ..models import build_model
 from ..reference import load_reference
 from .shapes import FLOAT32, stage_shapes

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from ..methods import Method, check_method_fits, get_method
+from ..methods.schedule import Schedule
 from ..models import StagedModel
 from ..optim import Recipe, make_optimizer
 from ..replicas import ReplicaRule, get_rule
-from .schedule import Schedule
 from .worker import StageWorker
 
 GetBatch = Callable[[int], tuple[Tensor, Tensor]]  # minibatch id of the run's stream -> (images, labels)
@@ -26,8 +26,8 @@ def check_k(k: object) -> int:
     return k
 
 
-def schedule_for(method: str | Method, num_stages: int, num_batches: int) -> Schedule:
-    return Schedule(get_method(method).schedule, num_stages, num_batches)
+def schedule_for(method: str | Method, num_stages: int, num_batches: int, k: int = 1) -> Schedule:
+    return get_method(method).schedule(num_stages, num_batches, k=k)
 
 
 def build_workers(
@@ -75,17 +75,21 @@ def build_workers(
     return workers
 
 
-def join_graphs(workers: list[StageWorker], schedule: str) -> None:
+def join_graphs(workers: list[StageWorker], schedule: type[Schedule]) -> None:
     """Let neighbouring stages share one autograd graph where nothing can tell the difference.
 
-    Under a sequential schedule no weight moves between a minibatch's forward and its backward.
+    Under the sequential schedule no weight moves between a minibatch's forward and its backward,
+    and one minibatch is in flight.
     Two consecutive stages of this process on one device whose policies both keep their forward's
     graph on the live weights (``StoragePolicy.joins``: backprop's) may then be one graph: the
     first hands its output on attached, and the later stage's backward runs on through it. That
     is one autograd call per minibatch instead of one per stage, with no leaf and no gradient copy
     at the boundary; the gradients are the same bits (tests/test_methods.py). The runner joins
-    only while no observer watches (pipeline.run_stage_tick)."""
-    if schedule != "sequential":
+    only while no observer watches (pipeline.run_stage_tick). Several minibatches in flight (GPipe,
+    1F1B) do not join, although their weights stay fixed too: a joined backward reaches the earlier
+    stages at the head's tick, ahead of the backward of a minibatch forwarded before a resume (a
+    checkpoint keeps no graph), and the gradients would add up in another order."""
+    if not schedule.one_in_flight:
         return
     for a, b in zip(workers, workers[1:]):
         a.joins_next = a.device == b.device and a.storage.joins and b.storage.joins  # workers of a range of stages
@@ -134,7 +138,7 @@ def assemble(
     J, R = len(model), world.mesh.replicas
     if getattr(rule, "stages", None) is not None:
         rule.groups(J)  # a bad number of groups: one line now, not at the first step
-    schedule = schedule_for(method, J, num_batches)
+    schedule = schedule_for(method, J, num_batches, check_k(k))
     rule.check(schedule=method.schedule, k=k)
     if world.world_size > 1:
         from .distributed.world import model_fingerprint

@@ -22,12 +22,12 @@ import torch
 from torch import Tensor
 
 from ..methods import Method
+from ..methods.schedule import Action, Schedule
 from ..replicas import ReplicaRule, get_rule
 from .assembly import GetBatch, Replica
 from .host_memory import retain_freed_memory
 from .messages import ForwardMsg
 from .observers import Observer, observed
-from .schedule import Action, Schedule
 from .worker import HeadRecord, StageWorker
 
 
@@ -101,9 +101,9 @@ class Pipeline:
         self.offset = offset  # replica r runs its schedule offset * r ticks after replica 0 (cyclic execution)
         self.num_ticks = schedule.num_ticks + offset * (world.mesh.replicas - 1)
         self.waiting: dict[tuple[int, int], StageWorker] = {}  # (replica, stage) -> gave its part, not yet stepped
-        # one sequential replica: nothing to overlap, no weight read mid-period: steps wait for its end
-        self.defer_steps = schedule.kind == "sequential" and world.mesh.replicas == 1  # (the same bits)
-        self.deferred: set[int] = set()  # stages that ran a backward and have not been looked at for a step
+        # one replica whose weights stay fixed in flight: steps wait for the flush (_steps_of_the_tick)
+        self.defer_steps = schedule.fixed_weights_in_flight and world.mesh.replicas == 1
+        self.deferred: set[int] = set()  # stages the table said step and have not been looked at for a step
         self.tick = 0
         self.sync_timing = sync_timing and self.workers[0].device.type == "cuda"
         self.wall_s = 0.0  # seconds spent in this process's ticks
@@ -127,46 +127,28 @@ class Pipeline:
         return batch
 
     def advance(self) -> None:
-        """Run one tick of this process's stage copies, then the steps that are due; after the last
-        tick, apply every partial accumulation group."""
+        """Run one tick of this process's stage copies as the schedule's table says, then the steps
+        that are due; after the last tick, apply every partial accumulation group."""
         if self.done:
             return
-        for rep in self.replicas:
-            if not rep.model.training:  # evaluation switched it off (a full train() walks every module)
-                rep.model.train()
+        self._keep_training()
         t0 = time.perf_counter()
         stage = None
-        backwarded: set[int] = set()  # stages that ran a backward: only they can become due
+        stepping: set[int] = set()  # stages the table says step at the end of this tick
         try:
             self.world.begin_tick(self.tick)
-            for rep in self.replicas:
-                local = self.tick - self.offset * rep.index  # this replica's own tick
-                if not 0 <= local < self.schedule.num_ticks:
-                    continue
-                busy = self.schedule.busy(local)  # the stages with work (of a sequential schedule: one)
-                for stage in range(max(busy.start, self.stages.start), min(busy.stop, self.stages.stop)):
-                    worker = rep.workers[stage - self.stages.start]
+            for rep, local in self._replica_ticks():
+                for stage in self._my_busy_stages(local):
                     action = self.schedule.action(local, stage)
-                    if (rep.index, stage) in self.waiting:
-                        self._take_step(worker)  # its step waited for the replicas' exchange: now it is needed
-                    if action.forward is not None:  # a rule may swap in another version of the weights
-                        self.rule.before_forward(worker, self.world.replica_group(stage))
-                    run_stage_tick(worker, action, self.world, self.fetch, self.observers)
-                    if action.backward is not None:
-                        backwarded.add(stage)
+                    self._act(rep.workers[stage - self.stages.start], action)
+                    if action.step:
+                        stepping.add(stage)
             stage = None
-            self.deferred |= backwarded
-            if not self.defer_steps or (self.tick + 1) % self.schedule.period == 0:  # (a period ends the run)
-                self._take_deferred_steps()
+            self._steps_of_the_tick(stepping)
             self.world.end_tick(self.tick)
             self.tick += 1
             if self.done:
-                for rep in self.replicas:
-                    for worker in rep.workers:
-                        worker.complete_partial_group()
-                self._contribute(lambda w: w.pending > 0)
-                self.complete_steps()
-                self.world.finish()
+                self._drain()
             if self.sync_timing:
                 torch.cuda.synchronize(self.workers[0].device)
         except Exception as err:
@@ -178,6 +160,45 @@ class Pipeline:
             t1 = time.perf_counter()
             self.wall_s += t1 - t0
             self.tick_ends.append(t1)
+
+    def _keep_training(self) -> None:
+        for rep in self.replicas:
+            if not rep.model.training:  # evaluation switched it off (a full train() walks every module)
+                rep.model.train()
+
+    def _replica_ticks(self) -> list[tuple[Replica, int]]:
+        """(replica, its own tick) for the replicas whose schedule runs at this tick (cyclic offset)."""
+        ticks = [(rep, self.tick - self.offset * rep.index) for rep in self.replicas]
+        return [(rep, local) for rep, local in ticks if 0 <= local < self.schedule.num_ticks]
+
+    def _my_busy_stages(self, local: int) -> list[int]:
+        """The stages of this process that act at the replica's tick ``local``, in stage order."""
+        return [j for j in self.schedule.busy(local) if j in self.stages]
+
+    def _act(self, worker: StageWorker, action: Action) -> None:
+        """One stage copy's action: a step still waiting for the replicas' exchange first (its
+        weights are needed now), the rule's weights for a forward, then the tick's work."""
+        if (worker.replica, worker.index) in self.waiting:
+            self._take_step(worker)
+        if action.forward is not None:  # a rule may swap in another version of the weights
+            self.rule.before_forward(worker, self.world.replica_group(worker.index))
+        run_stage_tick(worker, action, self.world, self.fetch, self.observers)
+
+    def _steps_of_the_tick(self, stepping: set[int]) -> None:
+        """Steps due at the end of the tick; one replica whose weights stay fixed in flight waits for
+        the flush (nothing to overlap, no weight read before it: the same bits, fewer exchanges)."""
+        self.deferred |= stepping
+        if not self.defer_steps or self.schedule.flushed(self.tick):  # (the last tick is a flush)
+            self._take_deferred_steps()
+
+    def _drain(self) -> None:
+        """After the last tick: every partial accumulation group steps, and the world finishes."""
+        for rep in self.replicas:
+            for worker in rep.workers:
+                worker.complete_partial_group()
+        self._contribute(lambda w: w.pending > 0)
+        self.complete_steps()
+        self.world.finish()
 
     def _contribute(self, due: Callable[[StageWorker], bool], stages: set[int] | None = None) -> None:
         """Every stage copy that is ``due`` gives its part to the replica rule; a copy the rule says

@@ -1,8 +1,8 @@
-"""The five training methods compared in the paper, as named policies.
+"""The training methods, as named policies: the paper's five, two synchronous pipeline baselines
+and three local-learning methods.
 
-A method is (schedule, what a reversible stage keeps, what any other stage keeps). The last
-stage (head) runs forward, loss and backward in one tick under every method, so it keeps its
-graph for that tick only.
+A method is (schedule type, what a reversible stage keeps, what any other stage keeps). The
+last stage (head) runs forward, loss and backward in one tick under every method.
 
 | method      | schedule   | reversible stage          | other stages                   |
 |-------------|------------|---------------------------|--------------------------------|
@@ -14,6 +14,13 @@ graph for that tick only.
 | local       | sequential | graph; learns from its auxiliary head's loss only (no gradient crosses stages) |
 | fg-local-w  | sequential | graph; true gradient projected on the local-loss gradient, per weight tensor  |
 | fg-local-a  | sequential | graph; the same on the stage's output, per sample, backpropagated in the stage |
+| gpipe       | gpipe      | graph                     | graph                          |
+| 1f1b        | 1f1b       | graph                     | graph                          |
+
+``gpipe`` and ``1f1b`` are backprop's storage under a pipeline flushed every k microbatches (k,
+the accumulation, is the microbatches per flush; ``schedule.py``). No weight moves in flight and
+every stage runs its backwards in forward order, so gradients accumulate as backprop's do: the
+same bits as ``backprop`` with the same k (tests/test_methods.py).
 
 The last three are local learning on the same split (``local.py``; they need a model built with
 auxiliary heads, ``aux_head``); they are not in the PETRA paper's tables.
@@ -28,13 +35,14 @@ from dataclasses import dataclass
 
 from ..models.stage import Stage
 from .local import ForwardGradientActivity, ForwardGradientWeight, LocalHead, LocalLoss
+from .schedule import GPipe, OneFOneB, Pipelined, Schedule, Sequential
 from .storage import KeepGraph, KeepInput, Reconstruct, StashWeights, StoragePolicy
 
 
 @dataclass(frozen=True)
 class Method:
     name: str
-    schedule: str  # "pipelined" or "sequential"
+    schedule: type[Schedule]  # built per run: schedule(num_stages, num_batches, k=k)
     reversible: type[StoragePolicy]  # the policy of reversible stages
     other: type[StoragePolicy]  # the policy of every other stage but the head
     needs_reversible: bool
@@ -61,10 +69,10 @@ class Method:
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
-        Method("backprop", "sequential", KeepGraph, KeepGraph, False, "end-to-end backpropagation"),
+        Method("backprop", Sequential, KeepGraph, KeepGraph, False, "end-to-end backpropagation"),
         Method(
             "revbackprop",
-            "sequential",
+            Sequential,
             Reconstruct,
             KeepInput,
             True,
@@ -72,7 +80,7 @@ METHODS: dict[str, Method] = {
         ),
         Method(
             "delayed",
-            "pipelined",
+            Pipelined,
             StashWeights,
             StashWeights,
             False,
@@ -80,7 +88,7 @@ METHODS: dict[str, Method] = {
         ),
         Method(
             "dsp",
-            "pipelined",
+            Pipelined,
             KeepInput,
             KeepInput,
             False,
@@ -88,7 +96,7 @@ METHODS: dict[str, Method] = {
         ),
         Method(
             "petra",
-            "pipelined",
+            Pipelined,
             Reconstruct,
             KeepInput,
             True,
@@ -96,7 +104,7 @@ METHODS: dict[str, Method] = {
         ),
         Method(
             "local",
-            "sequential",
+            Sequential,
             LocalLoss,
             LocalLoss,
             False,
@@ -106,7 +114,7 @@ METHODS: dict[str, Method] = {
         ),
         Method(
             "fg-local-w",
-            "sequential",
+            Sequential,
             ForwardGradientWeight,
             ForwardGradientWeight,
             False,
@@ -115,13 +123,15 @@ METHODS: dict[str, Method] = {
         ),
         Method(
             "fg-local-a",
-            "sequential",
+            Sequential,
             ForwardGradientActivity,
             ForwardGradientActivity,
             False,
             "forward gradient, local guess, activity space (Fournier et al. 2023)",
             needs_aux=True,
         ),
+        Method("gpipe", GPipe, KeepGraph, KeepGraph, False, "backprop pipelined GPipe-style, k microbatches a flush"),
+        Method("1f1b", OneFOneB, KeepGraph, KeepGraph, False, "backprop pipelined 1F1B (PipeDream-Flush), k a flush"),
     )
 }
 

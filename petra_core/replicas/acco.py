@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
+from ..methods.schedule import Schedule, Sequential
 from .rule import ReplicaRule
 from .sharded import FlatLayout, ShardedOptimizer
 
@@ -76,7 +77,7 @@ class ShardedRule(ReplicaRule):
     False; it keeps the learning-rate schedule), the rounds step the shards."""
 
     name = "zero1"
-    schedules: tuple[str, ...] | None = None  # the method schedules the rule runs with (None: any)
+    schedules: tuple[type[Schedule], ...] | None = None  # the schedule types the rule runs with (None: any)
     same_weights = True  # every replica loads the same all-gathered versions
 
     def __init__(self):
@@ -100,11 +101,11 @@ class ShardedRule(ReplicaRule):
         return cell.layout.grads(), [("real", ("theta", copy.steps + 1))]
 
     # ---- the hooks of the replica-rule contract ------------------------------------------------------
-    def check(self, *, schedule: str, k: int) -> None:
-        if self.schedules is not None and schedule not in self.schedules:
+    def check(self, *, schedule: type[Schedule], k: int) -> None:
+        if self.schedules is not None and not issubclass(schedule, self.schedules):
             raise ValueError(
-                f"replica rule {self.name!r} runs on the {' or '.join(self.schedules)} schedule; the "
-                f"method's is {schedule!r} (use backprop or revbackprop)"
+                f"replica rule {self.name!r} runs on the {' or '.join(s.name for s in self.schedules)} schedule; "
+                f"the method's is {schedule.name!r} (use backprop or revbackprop)"
             )
 
     def contribute(self, copy, group) -> None:
@@ -316,9 +317,9 @@ class ACCO(ShardedRule):
     θ̃_{t+1} while the second half computes, the real round θ_{t+1} while the next first half does."""
 
     name = "acco"
-    schedules = ("sequential",)
+    schedules = (Sequential,)
 
-    def check(self, *, schedule: str, k: int) -> None:
+    def check(self, *, schedule: type[Schedule], k: int) -> None:
         super().check(schedule=schedule, k=k)
         if k < 2:
             raise ValueError(

@@ -32,6 +32,8 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from ..methods.schedule import Schedule
+
 
 class StageCopy(Protocol):
     """What a rule may read and change of one replica's copy of a stage (a ``StageWorker``)."""
@@ -158,8 +160,8 @@ class ReplicaRule:
     name = "none"
     same_weights = False  # do the replicas hold the same weights by construction (no population to evaluate)?
 
-    def check(self, *, schedule: str, k: int) -> None:
-        """Raise ValueError (one line) if the rule cannot run on this schedule or accumulation k."""
+    def check(self, *, schedule: type[Schedule], k: int) -> None:
+        """Raise ValueError (one line) if the rule cannot run on this schedule type or accumulation k."""
 
     def before_forward(self, copy: StageCopy, group: ReplicaGroup) -> None:
         """Right before ``copy``'s forward (a rule that computes at another version of the weights)."""

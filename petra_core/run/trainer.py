@@ -319,7 +319,7 @@ class FidelityLog:
 
     def __init__(self, path: Path, sim, every: int):
         self.path, self.tracker, self.previous = path, None, None
-        if every and sim.schedule.kind == "pipelined":
+        if every and not sim.schedule.fixed_weights_in_flight:
             import pandas as pd
 
             from ..accounting import track_fidelity

@@ -27,6 +27,7 @@ from petra_core.engine.distributed import DEFAULT_TIMEOUT, DistributedPipeline, 
 from petra_core.engine.launch import fail, init_distributed, launch_local
 from petra_core.engine.observers import Observer
 from petra_core.engine.placement import format_placement, format_stages
+from petra_core.methods.schedule import fill_drain
 from petra_core.models import StagedModel
 from petra_core.optim import Recipe
 from petra_core.replicas import get_rule
@@ -177,17 +178,19 @@ def timings(pipe: DistributedPipeline) -> Timings:
 
 def throughput(pipe: DistributedPipeline, timings: list[Timings], batch: int, warmup: int) -> dict:
     """Images/s over the whole run, and over the window where the pipeline is full (pipelined
-    schedules: ticks 2(J-1) .. n; sequential: minibatches warmup .. n, whole periods)."""
+    schedules: ticks 2(J-1) .. n; flushed ones: from the first flush group after ``warmup``
+    minibatches to the end, whole groups)."""
     sch, n = pipe.schedule, pipe.schedule.num_batches
     batch = batch * pipe.world.mesh.replicas  # every replica trains on its own minibatches
     total = max(t.wall_s for t in timings)
     out = {"images_per_s": n * batch / total if total > 0 else 0.0, "wall_s": total}
-    if sch.kind == "pipelined":
-        a, b = 2 * (sch.num_stages - 1), n
+    if not sch.fixed_weights_in_flight:
+        a, b = fill_drain(sch.num_stages), n
         count = b - a
     else:
-        a, b = warmup * sch.period, sch.num_ticks
-        count = n - warmup
+        first = -(-warmup // sch.group_size) * sch.group_size
+        a, b = sch.forward_tick(first, 0), sch.num_ticks
+        count = n - first
     if count > 0 and a > 0:
         spans = [t.tick_ends[b - 1] - t.tick_ends[a - 1] for t in timings]
         out["steady_images_per_s"] = count * batch / max(spans)

@@ -208,10 +208,9 @@ class DistributedTransport:
         self.tick = tick
         self._retire(lambda s: s[0] <= tick - 2)
         for direction, rx in self.receivers.items():
-            action = self.schedule.action(tick, rx.edge.src)
-            mb = action.forward if direction == FORWARD else action.backward
-            if mb is not None:
-                rx.request(mb)
+            for msg in self.schedule.action(tick, rx.edge.src).sends:  # what the neighbour sends now
+                if msg.direction == DIRECTION[direction] and msg.peer == rx.edge.dst:
+                    rx.request(msg.mb)
 
     def finish(self) -> None:
         """Wait for every send to complete and stop the receiver threads."""
