@@ -119,6 +119,10 @@ class Stage(nn.Module):
     reversible: bool = False
     kind: str = "B"
 
+    def __init__(self):
+        super().__init__()
+        self.aux: nn.Module | None = None  # local learning's auxiliary head, set by build_model (aux_heads.py)
+
     def rebuild(self, x: Activation, *, input_grad: bool = True) -> LocalGraph:
         """Recompute F_j on a stored input ``x`` with a local graph (activation checkpointing)."""
         leaf = streams.leaves(x, input_grad)

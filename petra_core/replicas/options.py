@@ -21,20 +21,20 @@ class RuleOptions:
 
     def __post_init__(self):
         hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            value, hint = getattr(self, f.name), hints[f.name]
-            if not _conforms(value, hint):
-                raise ValueError(f"{f.name}={value!r} is not allowed; allowed: {_describe(hint)}")
+        for name, value in self.items():
+            if not _conforms(value, hints[name]):
+                raise ValueError(f"{name}={value!r} is not allowed; allowed: {_describe(hints[name])}")
         self.check()  # on the values as given, so a message quotes them so
-        for f in dataclasses.fields(self):
-            if hints[f.name] is float:
-                object.__setattr__(self, f.name, float(getattr(self, f.name)))
+        for name, value in self.items():
+            if hints[name] is float:
+                object.__setattr__(self, name, float(value))
 
     def check(self) -> None:
         """Raise ValueError (one line, ``name=value is not allowed; allowed: ...``) for a value out of range."""
 
     def items(self) -> list[tuple[str, object]]:
-        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+        """(name, value) of every option, in declaration order."""
+        return list(dataclasses.asdict(self).items())
 
 
 def option_names(options: type[RuleOptions]) -> list[str]:

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from .options import RuleOptions
-from .rule import ReplicaRule
+from .rule import Init, ReplicaRule
 
 
 def stage_buffers(copy) -> list[Tensor]:
@@ -40,9 +39,6 @@ def draw_generator(seed: int, step: int, stage: int) -> torch.Generator:
     """The generator of one (seed, step, stage): the same draws on every replica and rank."""
     mixed = (int(seed) * 0x9E3779B1 + int(stage) * 0x85EBCA77 + int(step) * 0xC2B2AE3D) % (2**63 - 1)
     return torch.Generator().manual_seed(mixed)
-
-
-Init = Literal["same", "different"]
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,15 @@ on the class (``ReplicaRule``) and read from there."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 from .acco import ACCO, DPU, ShardedRule, WeightPrediction
 from .cdp import CDP1, CDP2
 from .options import RuleOptions, build_options
 from .population import PAPA, WASH, Independent
-from .rule import DataParallel, ReplicaRule
+from .rule import DataParallel, Init, ReplicaRule
 
-INITS = ("same", "different")
+INITS = typing.get_args(Init)
 
 REPLICA_RULES: dict[str, type[ReplicaRule]] = {}
 

@@ -154,6 +154,9 @@ class Exchanges:
         self.parts = {key: {r: t.to(device) for r, t in parts.items()} for key, parts in self.parts.items()}
 
 
+Init = Literal["same", "different"]  # how a rule's replicas start: replica 0's weights copied, or each its own
+
+
 class ReplicaRule:
     """The rule of a single replica: nothing crosses replicas. Subclasses override the hooks.
 
@@ -168,7 +171,7 @@ class ReplicaRule:
     schedules: ClassVar[tuple[str, ...] | None] = None  # the method schedules it runs on (None: any)
     needs_replicas: ClassVar[bool] = False  # meaningless with one replica: refused with R = 1
     same_weights: ClassVar[bool] = False  # replicas hold the same weights by construction (no population to evaluate)
-    init: Literal["same", "different"] = "same"  # same: every replica starts from replica 0's weights
+    init: Init = "same"  # same: every replica starts from replica 0's weights
 
     def __init__(self, *, stages: int | None = None, seed: int = 0, **options):
         if stages is not None and not self.staged:
