@@ -17,7 +17,44 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import ChainedScheduler, LinearLR, LRScheduler, MultiStepLR
 
-OPTIMIZERS = ("sgd", "adamw")
+
+@dataclass(frozen=True)
+class OptimizerKind:
+    """An optimizer a recipe can name: its torch class and the options it is built with from the
+    recipe (declared, so a copy of it — a ZeRO-1 shard's — is built with the same ones, and an
+    option it does not take is refused before torch sees it)."""
+
+    name: str
+    cls: type[torch.optim.Optimizer]
+    options: tuple[str, ...]  # the constructor's keyword options the recipe sets
+
+    def build(self, groups: list[dict], **options) -> torch.optim.Optimizer:
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise ValueError(
+                f"optimizer {self.name!r} has no option {unknown[0]!r}; allowed: {', '.join(self.options)}"
+            )
+        return self.cls(groups, **options)
+
+
+OPTIMIZERS: dict[str, OptimizerKind] = {
+    kind.name: kind
+    for kind in (
+        OptimizerKind("sgd", torch.optim.SGD, ("lr", "momentum", "nesterov")),
+        OptimizerKind("adamw", torch.optim.AdamW, ("lr", "betas")),
+    )
+}
+
+
+def kind_of(optimizer: torch.optim.Optimizer) -> OptimizerKind:
+    """The declared kind of a built optimizer (one of :data:`OPTIMIZERS`)."""
+    for kind in OPTIMIZERS.values():
+        if type(optimizer) is kind.cls:
+            return kind
+    raise ValueError(
+        f"optimizer {type(optimizer).__name__} is not declared; allowed: "
+        f"{', '.join(k.cls.__name__ for k in OPTIMIZERS.values())} (petra_core/optim.py: OPTIMIZERS)"
+    )
 
 
 @dataclass(frozen=True)
@@ -61,9 +98,11 @@ def make_optimizer(
     if not groups:  # a stage without parameters (never happens for our models, but stay total)
         groups = [{"params": [nn.Parameter(torch.zeros(0))], "weight_decay": 0.0}]
     if recipe.optimizer == "adamw":
-        opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999))
+        opt = OPTIMIZERS["adamw"].build(groups, lr=lr, betas=(0.9, 0.999))
     else:
-        opt = torch.optim.SGD(groups, lr=lr, momentum=recipe.momentum, nesterov=recipe.nesterov and recipe.momentum > 0)
+        opt = OPTIMIZERS["sgd"].build(
+            groups, lr=lr, momentum=recipe.momentum, nesterov=recipe.nesterov and recipe.momentum > 0
+        )
     schedulers: list[LRScheduler] = []
     warmup = round(recipe.warmup_epochs * steps_per_epoch)
     if warmup > 1:  # lr(s) = peak · (s + 1) / warmup for s < warmup

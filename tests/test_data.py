@@ -12,23 +12,31 @@ from PIL import Image
 
 from petra_core.data import (
     DATASETS,
+    SOURCES,
+    ArrayData,
+    ArraySplit,
     DataError,
+    DataSource,
     FolderMinibatchStream,
     MinibatchStream,
+    Normalization,
     build_data,
     crop_flip,
     load_cifar10,
     load_imagenet,
     load_imagenet32,
     load_prepared,
+    load_source,
     make_synthetic,
     prepare,
     read_image_folder,
     read_image_tar,
     read_torchvision_cifar10,
+    register_source,
 )
 from petra_core.data.imagenet import random_resized_crop_params
 from petra_core.data.synthetic import make_templates
+from petra_core.run.config import RunConfig
 
 CLASSES = ("cat", "ant", "bee")  # written unsorted; labels must follow sorted order ant=0, bee=1, cat=2
 REAL_CIFAR = Path(__file__).resolve().parents[1].parent / "shared/data/cifar10-jpeg.tar.gz"
@@ -403,6 +411,48 @@ def test_build_data_front_door(tmp_path, png_tar):
         build_data("synthetic", batch_size=8, seed=0, colour=True)
     with pytest.raises(DataError, match="no source given"):
         build_data("imagenet32", batch_size=8, seed=0)
+
+
+def stripes(n: int = 8, level: int = 200) -> ArrayData:
+    """A toy generated dataset: class c is a bright row at height c (two classes)."""
+    images = np.zeros((n, 32, 32, 3), dtype=np.uint8)
+    labels = np.arange(n, dtype=np.int64) % 2
+    images[np.arange(n), labels] = level
+    split = ArraySplit(images, labels)
+    return ArrayData("toy-stripes", split, split, num_classes=2)
+
+
+@pytest.fixture
+def toy_source():
+    source = register_source(
+        DataSource("toy-stripes", stripes, "cifar", Normalization((0.5,) * 3, (0.5,) * 3), ("n", "level"), True)
+    )
+    yield source
+    SOURCES.pop(source.name)
+
+
+def test_a_data_source_declared_outside_the_registry_works_once_registered(toy_source):
+    assert "toy-stripes" in DATASETS
+    b = build_data("toy-stripes", batch_size=4, seed=0, n=12)
+    assert (b.num_classes, b.image_size, b.stem, b.train.num_batches) == (2, 32, "cifar", 3)
+    assert b.normalization == toy_source.normalization and b.manifest["params"] == {"n": 12}
+    cfg = RunConfig.from_dict({"dataset": "toy-stripes"})  # generated: no data_source needed
+    assert cfg.dataset == "toy-stripes"
+
+
+def test_an_undeclared_data_source_parameter_is_refused_with_one_line(toy_source):
+    for name, params, needle in (
+        ("toy-stripes", {"colour": True}, "toy-stripes: unknown parameter 'colour'; allowed: n, level"),
+        ("imagenet32", {"download": True}, "imagenet32: unknown parameter 'download'; allowed: none"),
+        ("synthetic", {"n_val": 3}, "synthetic: unknown parameter 'n_val'; allowed: num_classes, n_train"),
+    ):
+        with pytest.raises(DataError) as err:
+            load_source(name, **params)
+        assert needle in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(DataError, match="data_seed=1 given for toy-stripes; expected it only for a generated dataset"):
+        build_data("toy-stripes", batch_size=4, seed=0, data_seed=1)
+    with pytest.raises(DataError, match="data source name 'synthetic' is taken"):
+        register_source(DataSource("synthetic", stripes, "cifar", toy_source.normalization))
 
 
 # ---------------------------------------------------------------- full-size ImageNet folder

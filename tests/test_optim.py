@@ -1,4 +1,5 @@
-"""The recipe: Goyal scaling, warm-up then step decay, no weight decay on BN parameters and biases."""
+"""The recipe: Goyal scaling, warm-up then step decay, no weight decay on BN parameters and biases;
+optimizers built from their declared options."""
 
 import pytest
 import torch
@@ -44,3 +45,15 @@ def test_warmup_then_step_decay(k):
         factor = min(1.0, (s + 1) / warmup) if s < warmup else 1.0
         decays = sum(s >= m * steps_per_epoch for m in (3, 5))
         assert lr == pytest.approx(peak * factor * 0.1**decays, rel=1e-9), s
+
+
+def test_an_optimizer_is_built_from_its_declared_options_only():
+    from petra_core.optim import OPTIMIZERS, kind_of
+
+    params = [{"params": [torch.nn.Parameter(torch.zeros(2))]}]
+    with pytest.raises(ValueError) as err:
+        OPTIMIZERS["sgd"].build(params, lr=0.1, betas=(0.9, 0.999))
+    assert str(err.value) == "optimizer 'sgd' has no option 'betas'; allowed: lr, momentum, nesterov"
+    assert kind_of(OPTIMIZERS["adamw"].build(params, lr=0.1)) is OPTIMIZERS["adamw"]
+    with pytest.raises(ValueError, match="optimizer Adam is not declared; allowed: SGD, AdamW"):
+        kind_of(torch.optim.Adam(params, lr=0.1))  # a ZeRO-1 shard could not rebuild it alike

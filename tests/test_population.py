@@ -169,7 +169,7 @@ def test_bad_population_options_are_one_line():
         ("wash", {"p": 2}, "wash: p=2 is not allowed; allowed: 0 <= p <= 1"),
         ("papa", {"every": 0}, "papa: every=0 is not allowed"),
         ("independent", {"init": "random"}, "independent: init='random' is not allowed; allowed: same, different"),
-        ("wash", {"q": 1}, "replica rule 'wash' has no option 'q'; allowed: p, momentum, init"),
+        ("wash", {"q": 1}, "replica rule 'wash' has no option 'q'; allowed: init, p, momentum"),
     ):
         with pytest.raises(ValueError) as err:
             get_rule(name, options=options)

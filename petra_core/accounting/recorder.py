@@ -27,6 +27,7 @@ from collections.abc import Collection
 
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..engine.messages import BackwardMsg, ForwardMsg
 from ..engine.observers import Observer
 from ..models import streams
 from .held import held_by_policy
@@ -119,8 +120,8 @@ class Recorder(Observer):
             return
         # logical sizes (elements, not storages) of a tensor or a pair of streams
         act = streams.nbytes(msg.activation)
-        grad = streams.nbytes(getattr(msg, "grad", None))
-        labels = streams.nbytes(getattr(msg, "labels", None))
+        grad = streams.nbytes(msg.grad if isinstance(msg, BackwardMsg) else None)
+        labels = streams.nbytes(msg.labels if isinstance(msg, ForwardMsg) else None)
         src = worker.index
         self.messages.append(
             dict(

@@ -34,13 +34,6 @@ IMAGENET_NORM = Normalization((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 # mean is 0.50 and std 0.23, so fixed round values are used (independent of parameters).
 SYNTHETIC_NORM = Normalization((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
 
-NORMALIZATION = {
-    "cifar10": CIFAR10_NORM,
-    "imagenet32": IMAGENET_NORM,
-    "imagenet": IMAGENET_NORM,
-    "synthetic": SYNTHETIC_NORM,
-}
-
 
 def crop_flip(images: torch.Tensor, generator: torch.Generator, *, pad: int = 4,
               flip: bool = True) -> torch.Tensor:

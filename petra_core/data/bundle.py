@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .arrays import subset_indices, take_subset
-from .augment import NORMALIZATION, Normalization
+from .augment import Normalization
 from .errors import DataError
 from .imagenet import FolderData
 from .prepare import MANIFEST, describe, load_prepared, prepare
-from .sources import STEMS, check_name, load_source
+from .sources import SOURCES, get_source, load_source
 from .stream import FolderMinibatchStream, MinibatchStream
 
 
@@ -45,7 +45,7 @@ def _load(name, source, prepared_dir, verify, params):
         return data, {**describe(data), "params": params}
     prepared_dir = Path(prepared_dir)
     if not (prepared_dir / MANIFEST).is_file():
-        if source is None and name != "synthetic":
+        if source is None and not get_source(name).generated:
             raise DataError(f"{prepared_dir}: not prepared and no source given; expected a source to prepare from")
         try:
             prepare(name, source, prepared_dir, **params)
@@ -69,7 +69,7 @@ def build_data(name: str, *, source: str | Path | None = None, prepared_dir: str
                batch_size: int, seed: int, subset: int | None = None, eval_batch_size: int | None = None,
                drop_last: bool = True, verify: bool = True, num_workers: int = 0, data_seed: int | None = None,
                **params) -> DataBundle:
-    """Build train/test streams for dataset ``name`` (one of cifar10, imagenet32, imagenet, synthetic).
+    """Build train/test streams for dataset ``name`` (one of ``SOURCES``: cifar10, imagenet32, imagenet, synthetic).
 
     ``seed`` drives shuffling and augmentation.  ``subset`` keeps the first N examples of a
     fixed permutation of the training set (the same for every ``seed``).  ``params`` go to
@@ -77,13 +77,14 @@ def build_data(name: str, *, source: str | Path | None = None, prepared_dir: str
     synthetic generator's own seed is ``data_seed`` (default 0), distinct from ``seed``.
     ``num_workers`` only matters for ImageNet, whose images are decoded per batch.
     """
-    check_name(name)
+    declared = get_source(name)
     if data_seed is not None:
-        if name != "synthetic":
-            raise DataError(f"data_seed={data_seed} given for {name}; expected it only for synthetic data")
+        if "seed" not in declared.params:
+            raise DataError(f"data_seed={data_seed} given for {name}; expected it only for a generated dataset "
+                            f"that takes a seed ({', '.join(s.name for s in SOURCES.values() if 'seed' in s.params)})")
         params["seed"] = data_seed
     data, manifest = _load(name, source, prepared_dir, verify, params)
-    norm = NORMALIZATION[name]
+    norm = declared.normalization
     eval_bs = eval_batch_size or batch_size
     if isinstance(data, FolderData):
         indices = subset_indices(len(data.train), subset) if subset else None
@@ -95,5 +96,5 @@ def build_data(name: str, *, source: str | Path | None = None, prepared_dir: str
         train = MinibatchStream(train_split, batch_size, seed=seed, train=True, drop_last=drop_last, norm=norm)
         test = MinibatchStream(data.test, eval_bs, seed=seed, train=False, norm=norm)
     return DataBundle(name=name, train=train, test=test, num_classes=data.num_classes, image_size=data.image_size,
-                      stem=STEMS[name], manifest=manifest, class_names=data.class_names, normalization=norm,
+                      stem=declared.stem, manifest=manifest, class_names=data.class_names, normalization=norm,
                       subset=subset)

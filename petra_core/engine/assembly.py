@@ -136,8 +136,7 @@ def assemble(
 
     method, rule = get_method(method), get_rule(rule)
     J, R = len(model), world.mesh.replicas
-    if getattr(rule, "stages", None) is not None:
-        rule.groups(J)  # a bad number of groups: one line now, not at the first step
+    rule.check_mesh(stages=J, replicas=R)  # what the rule declares it needs: one line now, not at the first step
     schedule = schedule_for(method, J, num_batches, check_k(k))
     rule.check(schedule=method.schedule, k=k)
     if world.world_size > 1:
@@ -187,7 +186,7 @@ def assemble(
     ranges, stage_costs = decision
     world.connect(ranges, schedule, backward=method.gradients_cross)
     models = {r: model if i == 0 else copy.deepcopy(model) for i, r in enumerate(world.replicas)}
-    if getattr(rule, "init", "same") == "different":  # a population of distinct initialisations
+    if rule.init == "different":  # a population of distinct initialisations
         from ..replicas.population import reinitialise
 
         for r, m in models.items():

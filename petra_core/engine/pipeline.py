@@ -316,7 +316,7 @@ class Pipeline:
 
     def floats_sent(self) -> int:
         """Floats this process's replica groups have put into collectives in the run (checkpointed)."""
-        return sum(getattr(g, "floats_sent", 0) for g in self._groups())
+        return sum(g.floats_sent for g in self._groups())
 
     def gather_head_log(self, dst: int = 0) -> list[HeadRecord] | None:
         logs = self.gather_object(self.head_log, dst)
@@ -340,7 +340,7 @@ class Pipeline:
             "replicas": {rep.index: {w.index: w.state_dict() for w in rep.workers} for rep in self.replicas},
             "rule": self.rule.state_dict(),
             "world": self.world.state_dict(),
-            "floats_sent": [getattr(g, "floats_sent", 0) for g in self._groups()],
+            "floats_sent": [g.floats_sent for g in self._groups()],
         }
 
     def load_state_dict(self, state: dict) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..models.stage import Stage
+from ..models.staged import StagedModel
 from .local import ForwardGradientActivity, ForwardGradientWeight, LocalHead, LocalLoss
 from .schedule import GPipe, OneFOneB, Pipelined, Schedule, Sequential
 from .storage import KeepGraph, KeepInput, Reconstruct, StashWeights, StoragePolicy
@@ -144,10 +145,10 @@ def get_method(method: str | Method) -> Method:
     return METHODS[method]
 
 
-def check_method_fits(method: Method, model) -> None:
+def check_method_fits(method: Method, model: StagedModel) -> None:
     """PETRA and reversible backprop are refused on models without reversible stages; local
-    learning on models without auxiliary heads."""
-    if method.needs_aux and not getattr(model, "has_aux_heads", False):
+    learning on models without auxiliary heads (what the method declares it needs)."""
+    if method.needs_aux and not model.has_aux_heads:
         raise ValueError(
             f"method {method.name!r} trains stages from auxiliary heads, and this model has none; "
             f"build it with aux_head='cnn' or 'linear' (petra train: aux_head=cnn)"
@@ -155,6 +156,6 @@ def check_method_fits(method: Method, model) -> None:
     if method.needs_reversible and not any(stage.reversible for stage in model):
         allowed = [m.name for m in METHODS.values() if not m.needs_reversible]
         raise ValueError(
-            f"method {method.name!r} needs reversible stages but {getattr(model, 'arch', 'this model')!r} "
+            f"method {method.name!r} needs reversible stages but {model.arch!r} "
             f"has none; use a RevNet, or one of: {', '.join(allowed)}"
         )

@@ -120,6 +120,10 @@ class Stage(nn.Module):
     kind: str = "B"
     objective = None  # the head's: its model family, whose loss the head's worker takes (families/family.py)
 
+    def __init__(self):
+        super().__init__()
+        self.aux: nn.Module | None = None  # local learning's auxiliary head, set by build_model (aux_heads.py)
+
     def rebuild(self, x: Activation, *, input_grad: bool = True) -> LocalGraph:
         """Recompute F_j on a stored input ``x`` with a local graph (activation checkpointing)."""
         leaf = streams.leaves(x, input_grad)

@@ -49,9 +49,9 @@ class StagedModel(nn.Sequential):
 
     @property
     def has_aux_heads(self) -> bool:
-        return all(getattr(stage, "aux", None) is not None for stage in list(self)[:-1])
+        return all(stage.aux is not None for stage in list(self)[:-1])
 
     def num_params(self, aux: bool = False) -> int:
         """Parameters of the network (with ``aux``: of its auxiliary heads only)."""
-        heads = {id(p) for stage in self if getattr(stage, "aux", None) is not None for p in stage.aux.parameters()}
+        heads = {id(p) for stage in self if stage.aux is not None for p in stage.aux.parameters()}
         return sum(p.numel() for p in self.parameters() if (id(p) in heads) == aux)

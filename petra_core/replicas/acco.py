@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from ..methods.schedule import Schedule, Sequential
+from .options import RuleOptions
 from .rule import ReplicaRule
 from .sharded import FlatLayout, ShardedOptimizer
 
@@ -77,10 +78,10 @@ class ShardedRule(ReplicaRule):
     False; it keeps the learning-rate schedule), the rounds step the shards."""
 
     name = "zero1"
-    schedules: tuple[type[Schedule], ...] | None = None  # the schedule types the rule runs with (None: any)
     same_weights = True  # every replica loads the same all-gathered versions
 
-    def __init__(self):
+    def __init__(self, **settings):
+        super().__init__(**settings)
         self.cells: dict[tuple[int, int], Cell] = {}  # (stage, replica) -> Cell
         self.asks: dict[tuple[int, str, int], dict[int, Ask]] = {}  # (stage, round kind, step) -> replica -> Ask
         self.record = False  # keep the mean gradient each real round applied (tests)
@@ -101,13 +102,6 @@ class ShardedRule(ReplicaRule):
         return cell.layout.grads(), [("real", ("theta", copy.steps + 1))]
 
     # ---- the hooks of the replica-rule contract ------------------------------------------------------
-    def check(self, *, schedule: type[Schedule], k: int) -> None:
-        if self.schedules is not None and not issubclass(schedule, self.schedules):
-            raise ValueError(
-                f"replica rule {self.name!r} runs on the {' or '.join(s.name for s in self.schedules)} schedule; "
-                f"the method's is {schedule.name!r} (use backprop or revbackprop)"
-            )
-
     def contribute(self, copy, group) -> None:
         cell = self.cell(copy, group)
         grad, outputs = self.step_round(copy, cell)
@@ -255,9 +249,6 @@ class ShardedRule(ReplicaRule):
             self._thread.shutdown(wait=True)
             self._thread = None
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
 
 class _Later:
     """Output ``index`` of a round running on the communication thread."""
@@ -269,28 +260,29 @@ class _Later:
         return self.future.result()[self.index]
 
 
+@dataclass(frozen=True)
+class DPUOptions(RuleOptions):
+    warmup: int = 0  # exact steps before the delay
+
+    def check(self) -> None:
+        if self.warmup < 0:
+            raise ValueError(f"warmup={self.warmup!r} is not allowed; allowed: an integer >= 0 (exact steps first)")
+
+
 class DPU(ShardedRule):
     """``dpu``: θ_{t+1} = Opt(θ_t, ḡ_{t−1}) after ``warmup`` exact steps; the round of step t runs
     during step t + 1."""
 
     name = "dpu"
-
-    def __init__(self, warmup: int = 0):
-        super().__init__()
-        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
-            raise ValueError(f"dpu: warmup={warmup!r} is not allowed; allowed: an integer >= 0 (exact steps first)")
-        self.warmup = warmup
+    Options = DPUOptions
 
     def step_round(self, copy, cell):
-        t = copy.steps
-        if t < self.warmup:
+        t, warmup = copy.steps, self.options.warmup
+        if t < warmup:
             return cell.layout.grads(), [("real", ("theta", t + 1))]
-        if t == self.warmup:  # the first delayed step has nothing new to apply
+        if t == warmup:  # the first delayed step has nothing new to apply
             cell.versions[("theta", t + 1)] = cell.versions[("theta", t)]
         return cell.layout.grads(), [("real", ("theta", t + 2))]
-
-    def __repr__(self) -> str:
-        return f"DPU(warmup={self.warmup})"
 
 
 class WeightPrediction(ShardedRule):

@@ -30,11 +30,18 @@ from .rule import Exchanges, ReplicaRule, set_grads
 class CyclicDataParallel(ReplicaRule):
     """The mean gradient of the replicas, applied now or one step late, cell by cell."""
 
-    def __init__(self, stages: int | None = None):
+    staged = True  # the L groups of stages the delay counts
+    needs_replicas = True  # the cells of one replica alone are a delayed single model, not CDP
+
+    def __init__(self, stages: int | None = None, **settings):
         if stages is not None and (not isinstance(stages, int) or isinstance(stages, bool) or stages < 1):
             raise ValueError(f"{self.name}: stages must be an integer >= 1 (the groups L), got {stages!r}")
-        self.stages = stages
+        super().__init__(stages=stages, **settings)
         self.exchanges = Exchanges(keep=2)  # this step's mean and the previous one
+
+    def check_mesh(self, *, stages: int, replicas: int) -> None:
+        super().check_mesh(stages=stages, replicas=replicas)
+        self.groups(stages)  # a bad number of groups: one line now, not at the first step
 
     def groups(self, num_stages: int) -> tuple[int, list[int]]:
         """L, and the group of each of the model's ``num_stages`` stages."""
@@ -75,9 +82,6 @@ class CyclicDataParallel(ReplicaRule):
 
     def to(self, device) -> None:
         self.exchanges.to(device)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(stages={self.stages})"
 
 
 class CDP1(CyclicDataParallel):

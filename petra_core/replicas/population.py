@@ -21,11 +21,13 @@ selects the same entries.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from .rule import ReplicaRule
+from .options import RuleOptions
+from .rule import Init, ReplicaRule
 
 
 def stage_buffers(copy) -> list[Tensor]:
@@ -39,18 +41,24 @@ def draw_generator(seed: int, step: int, stage: int) -> torch.Generator:
     return torch.Generator().manual_seed(mixed)
 
 
-INITS = ("same", "different")
+@dataclass(frozen=True)
+class PopulationOptions(RuleOptions):
+    """``init``: ``same`` (every replica starts from replica 0's initialisation, copied) or
+    ``different`` (replica r >= 1 re-initialised from a generator of (seed, r), as
+    :func:`reinitialise` does)."""
+
+    init: Init = "same"
 
 
 class Population(ReplicaRule):
-    """A population rule: ``init`` says whether the replicas start from one initialisation
-    (``same``: replica 0's, copied) or each from its own (``different``: replica r ≥ 1
-    re-initialised from a generator of (seed, r), as :func:`reinitialise` does)."""
+    """A population rule: N models side by side; ``init`` (an option) says how they start."""
 
-    def __init__(self, init: str = "same", seed: int = 0):
-        if init not in INITS:
-            raise ValueError(f"{self.name}: init={init!r} is not allowed; allowed: {', '.join(INITS)}")
-        self.init, self.seed = init, int(seed)
+    Options = PopulationOptions  # a population's options are PopulationOptions, ``init`` among them
+    needs_replicas = True  # one model alone is a plain run
+
+    def __init__(self, **settings):
+        super().__init__(**settings)
+        self.init = self.options.init
 
 
 def reinitialise(model, seed: int, replica: int) -> None:
@@ -75,28 +83,32 @@ class Independent(Population):
     name = "independent"
 
 
+@dataclass(frozen=True)
+class PAPAOptions(PopulationOptions):
+    rate: float = 0.01  # λ at the base learning rate
+    every: int = 10  # steps between averagings
+    scale_with_lr: bool = True  # λ = rate · lr / lr₀
+
+    def check(self) -> None:
+        if not 0.0 <= self.rate <= 1.0:
+            raise ValueError(f"rate={self.rate!r} is not allowed; allowed: 0 <= rate <= 1")
+        if self.every < 1:
+            raise ValueError(f"every={self.every!r} is not allowed; allowed: an integer >= 1")
+
+
 class PAPA(Population):
     """``papa``: every ``every`` steps, θ_i ← (1 − λ)·θ_i + λ·mean(θ), λ = ``rate``·lr/lr₀."""
 
     name = "papa"
-
-    def __init__(
-        self, rate: float = 0.01, every: int = 10, scale_with_lr: bool = True, init: str = "same", seed: int = 0
-    ):
-        super().__init__(init, seed)
-        if not 0.0 <= rate <= 1.0:
-            raise ValueError(f"papa: rate={rate!r} is not allowed; allowed: 0 <= rate <= 1")
-        if not isinstance(every, int) or every < 1:
-            raise ValueError(f"papa: every={every!r} is not allowed; allowed: an integer >= 1")
-        self.rate, self.every, self.scale_with_lr = float(rate), every, bool(scale_with_lr)
+    Options = PAPAOptions
 
     def strength(self, copy) -> float:
         group = copy.optimizer.param_groups[0]
         base = group.get("initial_lr", group["lr"])
-        return self.rate * (group["lr"] / base if self.scale_with_lr and base else 1.0)
+        return self.options.rate * (group["lr"] / base if self.options.scale_with_lr and base else 1.0)
 
     def after_step(self, copies: Sequence, group) -> None:
-        if group.size == 1 or copies[0].steps % self.every:
+        if group.size == 1 or copies[0].steps % self.options.every:
             return
         with torch.no_grad():
             states = [[*c.params, *stage_buffers(c)] for c in copies]
@@ -112,8 +124,15 @@ class PAPA(Population):
                     t.mul_(1.0 - lam).add_(target, alpha=lam)
                     offset += n
 
-    def __repr__(self) -> str:
-        return f"PAPA(rate={self.rate}, every={self.every}, scale_with_lr={self.scale_with_lr}, init={self.init!r})"
+
+@dataclass(frozen=True)
+class WASHOptions(PopulationOptions):
+    p: float = 0.01  # the first parameter tensor's probability of being shuffled
+    momentum: bool = True  # move the optimizer's momentum buffers with their weights
+
+    def check(self) -> None:
+        if not 0.0 <= self.p <= 1.0:
+            raise ValueError(f"p={self.p!r} is not allowed; allowed: 0 <= p <= 1")
 
 
 class WASH(Population):
@@ -122,12 +141,7 @@ class WASH(Population):
     buffers with their weights)."""
 
     name = "wash"
-
-    def __init__(self, p: float = 0.01, momentum: bool = True, init: str = "same", seed: int = 0):
-        super().__init__(init, seed)
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"wash: p={p!r} is not allowed; allowed: 0 <= p <= 1")
-        self.p, self.momentum = float(p), bool(momentum)
+    Options = WASHOptions
 
     @staticmethod
     def probability(p: float, k: int, K: int) -> float:
@@ -140,14 +154,14 @@ class WASH(Population):
         g = draw_generator(self.seed, step, copy.index)
         out = []
         for i, p in enumerate(copy.params):
-            pk = self.probability(self.p, copy.tensor_offset + i, copy.tensors_total)
+            pk = self.probability(self.options.p, copy.tensor_offset + i, copy.tensors_total)
             chosen = (torch.rand(p.numel(), generator=g) < pk).nonzero().flatten()
             if chosen.numel():
                 out.append((i, chosen, torch.rand(chosen.numel(), replicas, generator=g).argsort(1)))
         return out
 
     def after_step(self, copies: Sequence, group) -> None:
-        if group.size == 1 or self.p == 0.0:
+        if group.size == 1 or self.options.p == 0.0:
             return
         selected = self.selection(copies[0], copies[0].steps - 1, group.size)  # the step just taken
         if not selected:
@@ -182,7 +196,7 @@ class WASH(Population):
         """Per parameter: [the weight], or [the weight, its momentum buffer] when momenta move (a
         parameter without one yet, before the first step, moves a zero buffer: SGD's)."""
         out = []
-        momentum = self.momentum and copy.optimizer.param_groups[0].get("momentum", 0) > 0
+        momentum = self.options.momentum and copy.optimizer.param_groups[0].get("momentum", 0) > 0
         for p in copy.params:
             row = [p.data]
             if momentum:
@@ -192,6 +206,3 @@ class WASH(Population):
                 row.append(state["momentum_buffer"])
             out.append(row)
         return out
-
-    def __repr__(self) -> str:
-        return f"WASH(p={self.p}, momentum={self.momentum}, init={self.init!r}, seed={self.seed})"

@@ -27,12 +27,13 @@ exact in either order) the simulator and the ranks give the same bits.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import ClassVar, Literal, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from ..methods.schedule import Schedule
+from .options import RuleOptions, build_options
 
 
 class StageCopy(Protocol):
@@ -154,14 +155,50 @@ class Exchanges:
         self.parts = {key: {r: t.to(device) for r, t in parts.items()} for key, parts in self.parts.items()}
 
 
-class ReplicaRule:
-    """The rule of a single replica: nothing crosses replicas. Subclasses override the hooks."""
+Init = Literal["same", "different"]  # how a rule's replicas start: replica 0's weights copied, or each its own
 
-    name = "none"
-    same_weights = False  # do the replicas hold the same weights by construction (no population to evaluate)?
+
+class ReplicaRule:
+    """The rule of a single replica: nothing crosses replicas. Subclasses override the hooks.
+
+    What a rule takes and needs is declared here, as class attributes, never guessed from its
+    constructor: the engine, ``get_rule`` and the run's configuration read these and nothing else.
+    A rule is built as ``Rule(stages=L, seed=s, **options)``; the options must be fields of
+    ``Options``."""
+
+    name: ClassVar[str] = "none"
+    Options: ClassVar[type[RuleOptions]] = RuleOptions  # the settings it accepts (config: rule_options)
+    staged: ClassVar[bool] = False  # takes ``stages``, the groups L of a cyclic delay (config: rule_stages)
+    schedules: ClassVar[tuple[type[Schedule], ...] | None] = None  # the schedule types it runs on (None: any)
+    needs_replicas: ClassVar[bool] = False  # meaningless with one replica: refused with R = 1
+    same_weights: ClassVar[bool] = False  # replicas hold the same weights by construction (no population to evaluate)
+    init: Init = "same"  # same: every replica starts from replica 0's weights
+
+    def __init__(self, *, stages: int | None = None, seed: int = 0, **options):
+        if stages is not None and not self.staged:
+            raise ValueError(
+                f"replica rule {self.name!r} takes no stage groups (stages={stages!r}); only a staged rule does"
+            )
+        self.stages = stages  # a staged rule's groups L (None: one per stage of the model)
+        self.options = build_options(self.name, self.Options, options)
+        self.seed = int(seed)  # the run's: rules that draw at random, or re-initialise replicas, draw from it
 
     def check(self, *, schedule: type[Schedule], k: int) -> None:
         """Raise ValueError (one line) if the rule cannot run on this schedule type or accumulation k."""
+        if self.schedules is not None and not issubclass(schedule, self.schedules):
+            raise ValueError(
+                f"replica rule {self.name!r} runs on the {' or '.join(s.name for s in self.schedules)} schedule; "
+                f"the method's is {schedule.name!r} (use a method of that schedule)"
+            )
+
+    def check_mesh(self, *, stages: int, replicas: int) -> None:
+        """Raise ValueError (one line) if the rule cannot run on a model of ``stages`` stages with
+        ``replicas`` replicas."""
+        if self.needs_replicas and replicas < 2:
+            raise ValueError(
+                f"replica rule {self.name!r} is meaningless with replicas={replicas} (it is what replicas "
+                f"do to each other); use replicas >= 2, or replica rule 'dp' for a single model"
+            )
 
     def before_forward(self, copy: StageCopy, group: ReplicaGroup) -> None:
         """Right before ``copy``'s forward (a rule that computes at another version of the weights)."""
@@ -197,7 +234,9 @@ class ReplicaRule:
         """Move what the rule remembers to ``device`` (after loading a checkpoint)."""
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+        settings = [("stages", self.stages)] if self.staged else []
+        settings += self.options.items()
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in settings)})"
 
 
 class DataParallel(ReplicaRule):
@@ -206,7 +245,8 @@ class DataParallel(ReplicaRule):
 
     name = "dp"
 
-    def __init__(self):
+    def __init__(self, **settings):
+        super().__init__(**settings)
         self.exchanges = Exchanges(keep=1)
 
     def contribute(self, copy, group) -> None:

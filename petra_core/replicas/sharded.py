@@ -19,11 +19,11 @@ optimizer under a sharded rule: that optimizer only carries the learning-rate sc
 from __future__ import annotations
 
 import copy as copying
-import inspect
 
 import torch
 from torch import Tensor, nn
 
+from ..optim import kind_of
 from .rule import flat_grads
 
 # the keys of a parameter group that are not hyper-parameters of the optimizer's update
@@ -98,11 +98,10 @@ class ShardedOptimizer:
                 }
                 groups.append({"params": [tensor], **settings})
         self.tensors: list[Tensor] = [g["params"][0] for g in groups]
+        # built as the copy's own was, from its declared options (each group carries its settings);
         # a replica whose slice is past the end (n < R) keeps nothing and steps nothing
-        cls = type(optimizer)
-        accepted = inspect.signature(cls.__init__).parameters  # AdamW keeps Adam's defaults, e.g.
-        defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}  # decoupled_weight_decay
-        self.optimizer = cls(groups, **defaults) if groups else None
+        kind = kind_of(optimizer)
+        self.optimizer = kind.build(groups, **{k: optimizer.defaults[k] for k in kind.options}) if groups else None
 
     def shard(self) -> Tensor:
         """This replica's slice of the parameters, padded to S floats."""

@@ -11,27 +11,53 @@ import contextlib
 import dataclasses
 import re
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from ..data.sources import DATASETS
+from ..data.sources import DATASETS, SOURCES
 from ..methods import METHODS
 from ..models.aux_heads import AUX_HEADS
 from ..models.specs import ARCHS
 from ..optim import OPTIMIZERS
 from ..precision import PRECISIONS
 from ..replicas import REPLICA_RULES
+from ..replicas.options import option_names
 
 _RANGES = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+_POSITIVE = (
+    "width",
+    "k",
+    "epochs",
+    "batch_size",
+    "eval_batch_size",
+    "synthetic_train",
+    "synthetic_test",
+    "eval_every",
+    "replicas",
+    "subset",
+    "threads",
+)  # or None, where the key may be empty
+_NON_NEGATIVE = (
+    "base_lr",
+    "momentum",
+    "weight_decay",
+    "warmup_epochs",
+    "gamma",
+    "fidelity_every",
+    "bn_reestimate_batches",
+)
 
 
 class ConfigError(ValueError):
     """A bad configuration: the message names the key and what is allowed."""
 
 
-def _key(default, help: str, choices: tuple | None = None, example: str | None = None):
+def _key(default, help: str, choices: Collection | None = None, example: str | None = None):
+    """A config key; ``choices``: the values allowed (a registry's live keys, so a rule or dataset
+    registered later is allowed too)."""
     kw = (
         {"default_factory": lambda: type(default)(default)}
         if isinstance(default, (list, dict))
@@ -54,7 +80,7 @@ class RunConfig:
     k: int = _key(1, "gradient accumulation: minibatches per optimizer step")
     seed: int = _key(0, "seed of weight initialisation, data order and augmentation")
     # data
-    dataset: str = _key("synthetic", "dataset", tuple(DATASETS))
+    dataset: str = _key("synthetic", "dataset", DATASETS)
     data_source: str | None = _key(
         None, "raw source to prepare from (tar.gz / image folder / pickle dir / ImageFolder root)"
     )
@@ -69,7 +95,9 @@ class RunConfig:
     eval_batch_size: int = _key(256, "evaluation batch size")
     base_lr: float = _key(0.1, "base learning rate, before Goyal scaling")
     scale_lr: bool = _key(True, "lr = base_lr * batch_size * k / 256 (Goyal et al.)")
-    optimizer: str = _key("sgd", "sgd (Nesterov momentum) or adamw (betas 0.9, 0.999; ACCO's optimizer)", OPTIMIZERS)
+    optimizer: str = _key(
+        "sgd", "sgd (Nesterov momentum) or adamw (betas 0.9, 0.999; ACCO's optimizer)", OPTIMIZERS.keys()
+    )
     momentum: float = _key(0.9, "Nesterov momentum (sgd)")
     weight_decay: float = _key(5e-4, "weight decay (never on batch-norm parameters or biases)")
     warmup_epochs: float = _key(0.0, "linear warm-up length in epochs (advanced every optimizer step)")
@@ -118,15 +146,20 @@ class RunConfig:
         "data-parallel replicas of the pipeline (the mesh's replica axis): each trains on its own "
         "shard of every epoch; distributed: a divisor of the number of ranks",
     )
-    replica_rule: str = _key("dp", "what the replicas do together around each optimizer step", tuple(REPLICA_RULES))
+    replica_rule: str = _key("dp", "what the replicas do together around each optimizer step", REPLICA_RULES.keys())
     rule_stages: int | None = _key(
-        None, "cdp1/cdp2: the contiguous stage groups L the cyclic delay counts (default: one per stage of the model)"
+        None,
+        "/".join(name for name, rule in REPLICA_RULES.items() if rule.staged)
+        + ": the contiguous stage groups L the cyclic delay counts (default: one per stage of the model)",
     )
     rule_options: dict = _key(
         {},
-        "the replica rule's own settings: wash {p, momentum, init}, papa {rate, "
-        "every, scale_with_lr, init} (petra_core/replicas/population.py), dpu {warmup} "
-        "(petra_core/replicas/acco.py)",
+        "the replica rule's own settings (the fields of its Options): "
+        + "; ".join(
+            f"{name} {{{', '.join(option_names(rule.Options))}}}"
+            for name, rule in REPLICA_RULES.items()
+            if option_names(rule.Options)
+        ),
         example="{p: 0.005}",
     )
     placement: str = _key("even", "distributed: stages per rank: even, balanced (measured) or ranges like 0-3,4-9")
@@ -178,45 +211,39 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def validate(self) -> None:
+        """Refuse a meaningless configuration with one line, topic by topic."""
+        self._check_choices()
+        self._check_numbers()
+        self._check_execution()
+        self._check_replica_rule()
+        self._check_method()
+        self._check_data()
+
+    def _check_choices(self) -> None:
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
             if choices and value not in choices:
                 raise ConfigError(f"{f.name}={value!r} is not allowed; allowed: {', '.join(map(str, choices))}")
-        positive = [
-            "width",
-            "k",
-            "epochs",
-            "batch_size",
-            "eval_batch_size",
-            "synthetic_train",
-            "synthetic_test",
-            "eval_every",
-            "replicas",
-        ]
+
+    def _check_numbers(self) -> None:
         if self.prefetch is not None and self.prefetch < 0:
             raise ConfigError(f"prefetch={self.prefetch!r} must be >= 0")
-        for name in positive + ["subset", "threads"]:
+        for name in _POSITIVE:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name}={value!r} must be >= 1")
         if self.synthetic_classes < 2:
             raise ConfigError(f"synthetic_classes={self.synthetic_classes!r} must be >= 2")
-        for name in (
-            "base_lr",
-            "momentum",
-            "weight_decay",
-            "warmup_epochs",
-            "gamma",
-            "fidelity_every",
-            "bn_reestimate_batches",
-        ):
+        for name in _NON_NEGATIVE:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
         if any(not isinstance(m, (int, float)) or isinstance(m, bool) or m <= 0 for m in self.milestones):
             raise ConfigError(
                 f"milestones={self.milestones!r} must be a list of positive epoch numbers, e.g. milestones=[150, 225]"
             )
+
+    def _check_execution(self) -> None:
         if self.dist_timeout <= 0:
             raise ConfigError(f"dist_timeout={self.dist_timeout!r} must be > 0 (seconds)")
         if self.placement not in ("even", "balanced") and not _RANGES.fullmatch(self.placement.replace(" ", "")):
@@ -224,28 +251,43 @@ class RunConfig:
                 f"placement={self.placement!r} is not allowed; allowed: even, balanced, or inclusive "
                 f"stage ranges in rank order like 0-3,4-9"
             )
-        if self.rule_stages is not None:
-            from ..replicas.registry import STAGED
-
-            if self.replica_rule not in STAGED:
-                raise ConfigError(
-                    f"rule_stages={self.rule_stages!r} is only used by replica_rule {' or '.join(STAGED)}; "
-                    f"replica_rule={self.replica_rule!r} would ignore it (use rule_stages=null)"
-                )
-            if self.rule_stages < 1:
-                raise ConfigError(f"rule_stages={self.rule_stages!r} must be >= 1")
-        if self.rule_options:
-            from ..replicas import get_rule
-
-            try:
-                get_rule(self.replica_rule, stages=self.rule_stages, options=self.rule_options, seed=self.seed)
-            except (TypeError, ValueError) as err:
-                raise ConfigError(f"rule_options={self.rule_options!r}: {err}") from None
         if self.runtime == "distributed" and self.fidelity_every:
             raise ConfigError(
                 f"fidelity_every={self.fidelity_every!r} needs runtime=simulator (the true gradient "
                 f"needs the whole model in one process); use fidelity_every=0"
             )
+
+    def _check_replica_rule(self) -> None:
+        """What the rule declares (``ReplicaRule``): its stage groups, options, replicas and schedules."""
+        from ..replicas import get_rule
+
+        declared = REPLICA_RULES[self.replica_rule]
+        if self.rule_stages is not None:
+            if not declared.staged:
+                staged = [name for name, rule in REPLICA_RULES.items() if rule.staged]
+                raise ConfigError(
+                    f"rule_stages={self.rule_stages!r} is only used by replica_rule {' or '.join(staged)}; "
+                    f"replica_rule={self.replica_rule!r} would ignore it (use rule_stages=null)"
+                )
+            if self.rule_stages < 1:
+                raise ConfigError(f"rule_stages={self.rule_stages!r} must be >= 1")
+        if declared.needs_replicas and self.replicas < 2:
+            raise ConfigError(
+                f"replica_rule={self.replica_rule!r} is meaningless with replicas={self.replicas} (it is what "
+                f"replicas do to each other); use replicas >= 2, or replica_rule=dp for a single model"
+            )
+        try:
+            rule = get_rule(self.replica_rule, stages=self.rule_stages, options=self.rule_options, seed=self.seed)
+        except ValueError as err:
+            raise ConfigError(f"rule_options={self.rule_options!r}: {err}") from None
+        try:
+            rule.check(schedule=METHODS[self.method].schedule, k=self.k)
+        except ValueError as err:
+            raise ConfigError(
+                f"replica_rule={self.replica_rule!r} with method={self.method!r}, k={self.k}: {err}"
+            ) from None
+
+    def _check_method(self) -> None:
         method = METHODS[self.method]
         if method.needs_aux and self.aux_head is None:
             raise ConfigError(
@@ -263,7 +305,10 @@ class RunConfig:
                 f"method={self.method!r} needs a reversible model, arch={self.arch!r} has none; "
                 f"use a revnet, or method dsp"
             )
-        if self.dataset != "synthetic" and self.data_source is None and not self.prepared_path().exists():
+
+    def _check_data(self) -> None:
+        generated = SOURCES[self.dataset].generated
+        if not generated and self.data_source is None and not self.prepared_path().exists():
             raise ConfigError(
                 f"dataset={self.dataset!r} needs data_source (raw data) or a prepared copy in {self.prepared_path()}"
             )
