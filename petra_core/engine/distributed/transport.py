@@ -144,7 +144,7 @@ class DistributedTransport:
         on_failure=None,
         backward: bool = True,
     ):
-        self.placement, self.schedule, self.position = placement.ranges, schedule, placement.position
+        self.schedule, self.position = schedule, placement.position
         self.local = LocalTransport(placement)
         self.mesh = placement.mesh
         rank_of = lambda p: self.mesh.rank(placement.replica, p)  # noqa: E731
@@ -152,7 +152,7 @@ class DistributedTransport:
         self.device, self.timeout = placement.device, timeout
         self.on_failure = on_failure or (lambda message: message)
         self.name_stage = placement.name_stage
-        self.owner = {j: p for p, stages in enumerate(self.placement) for j in stages}
+        self.owner = {j: p for p, stages in enumerate(placement.ranges) for j in stages}
         self.mine = placement.stages
         self.stats = TransportStats()
         self.sends: deque = deque()  # (tick, edge, mb, works, tensors)
