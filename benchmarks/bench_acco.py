@@ -83,7 +83,9 @@ def rank_main(args) -> int:
                 model, opt, lambda mb: pool[mb % len(pool)], R, rank, slow=setting["slow"] if rank == 1 else 0.0
             )
             dist.barrier()
-            records = RUNNERS[method](worker, Collectives(Link(setting["gbit_s"])), args.steps, args.n)
+            records = RUNNERS[method](
+                worker, Collectives(dist.group.WORLD, Link(setting["gbit_s"])), args.steps, args.n
+            )
             results.append({"setting": setting["name"], "method": method, "rank": rank, "records": records})
     gathered = [None] * R
     dist.all_gather_object(gathered, results)

@@ -1,4 +1,4 @@
-"""The mesh on torch.distributed: replicas × pipeline positions (engine/world.py, engine/distributed/).
+"""The mesh on torch.distributed: replicas × pipeline positions (engine/worlds/, engine/distributed/).
 
 * the ``Mesh`` arithmetic (row-major, as ``init_device_mesh`` with dims ("replica", "pipeline"));
 * dp on R = 2 × P = 1 and R = 2 × P = 2 gloo ranks ends with the simulator's replica 0 bit for bit
@@ -23,7 +23,7 @@ from harness.compare import assert_bit_for_bit, check_outcome, simulator_state
 from harness.ranks import RANKS
 
 from petra_core.engine.launch import free_port, launch_local
-from petra_core.engine.world import Mesh
+from petra_core.engine.worlds import Mesh
 
 COMMON = [
     "--arch",

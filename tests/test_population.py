@@ -10,7 +10,7 @@ import torch
 from conftest import make_batches, make_model
 
 from petra_core import Recipe, Simulator
-from petra_core.engine.world import LocalReplicaGroup
+from petra_core.engine.worlds import LocalReplicaGroup
 from petra_core.replicas import get_rule
 from petra_core.replicas.population import PAPA, WASH, draw_generator
 

@@ -172,16 +172,16 @@ def test_restored_messages_go_to_the_receiving_stages_device():
     """A checkpoint is read onto the CPU; a restored message must not stay there (an NCCL rank would
     pass its labels on from the CPU)."""
     from petra_core.engine.messages import ForwardMsg
-    from petra_core.engine.world import LocalWorld
+    from petra_core.engine.worlds import LocalWorld
 
     source = LocalWorld()
     source.connect([range(0, 4)])
-    source.send_forward(0, 1, ForwardMsg(3, torch.ones(2, 3), torch.tensor([1, 2])))
-    state = source.state_dict()
+    source.transport.send_forward(0, 1, ForwardMsg(3, torch.ones(2, 3), torch.tensor([1, 2])))
+    state = source.transport.state_dict()
     world = LocalWorld(devices=[torch.device("meta")])
     world.connect([range(0, 4)])
-    world.load_state_dict(state)
-    msg = world.recv_forward(0, 2)
+    world.transport.load_state_dict(state)
+    msg = world.transport.recv_forward(0, 2)
     assert msg.mb == 3 and msg.activation.device.type == "meta" and msg.labels.device.type == "meta"
 
 

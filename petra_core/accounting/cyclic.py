@@ -8,8 +8,8 @@ every stage copy's storage policy keeps (``kept_bytes()``: the activations held 
 and backward) summed over the replicas; the gradient bytes the copies have ready to send in
 that tick (a copy's accumulated gradient, when its backward completes the step: what a worker
 puts on the wire as soon as it has it); and the bytes that enter an all-reduce launched in that
-tick (:class:`CountingWorld`; the engine launches a stage's exchange once every replica has
-given its part). :func:`devices_needed` counts, from
+tick (:class:`CountingGroups`, the replica groups of the simulator's world; the engine launches
+a stage's exchange once every replica has given its part). :func:`devices_needed` counts, from
 the schedule alone, how many (replica, stage) cells are ever active at once on each stage: cells
 never active together can share a device. :func:`check_assignment` verifies such an assignment
 against the cells a run really activates, tick by tick.
@@ -28,33 +28,30 @@ from ..methods.schedule import Schedule
 from ..run.runio import CYCLIC_FILES
 
 
+class CountingGroups:
+    """The replica groups of ``inner``, recording the gradient bytes each all-reduce takes in, by
+    tick (``tick``: the one running, set by the caller)."""
+
+    def __init__(self, inner):
+        self.inner, self.tick = inner, 0
+        self.exchanged: dict[int, int] = defaultdict(int)  # tick -> bytes entering the all-reduce
+
+    def replica_group(self, stage: int) -> CountingGroup:
+        return CountingGroup(self.inner.replica_group(stage), self)
+
+
 class CountingGroup:
     """A local replica group that records the gradient bytes it all-reduces, by tick."""
 
     overlaps = False
 
-    def __init__(self, inner, world: CountingWorld):
-        self.inner, self.world = inner, world
+    def __init__(self, inner, counts: CountingGroups):
+        self.inner, self.counts = inner, counts
         self.size, self.local = inner.size, inner.local
 
     def all_reduce_mean(self, tensors):
-        self.world.exchanged[self.world.tick] += sum(t.numel() * t.element_size() for t in tensors)
+        self.counts.exchanged[self.counts.tick] += sum(t.numel() * t.element_size() for t in tensors)
         return self.inner.all_reduce_mean(tensors)
-
-
-class CountingWorld(LocalWorld):
-    """Every replica in this process (a :class:`LocalWorld`), its replica groups counting bytes."""
-
-    def __init__(self, replicas: int):
-        super().__init__(replicas=replicas)
-        self.tick = 0
-        self.exchanged: dict[int, int] = defaultdict(int)  # tick -> bytes entering the all-reduce
-
-    def begin_tick(self, tick: int) -> None:
-        self.tick = tick
-
-    def replica_group(self, stage: int) -> CountingGroup:
-        return CountingGroup(super().replica_group(stage), self)
 
 
 class ActiveCells(Observer):
@@ -84,7 +81,8 @@ def cyclic_profile(
     the set of active (tick, replica, stage) cells. ``batches``: the stream (replicas × steps)."""
     from ..optim import Recipe
 
-    world = CountingWorld(replicas)
+    world = LocalWorld(replicas=replicas)
+    world.groups = counting = CountingGroups(world.groups)
     sim = Simulator(
         model,
         method,
@@ -101,7 +99,7 @@ def cyclic_profile(
     sim.observers.append(active)
     rows = []
     while not sim.done:
-        tick = sim.tick
+        tick = counting.tick = sim.tick
         sim.advance()
         held = sum(sum(w.storage.kept_bytes().values()) for rep in sim.replicas for w in rep.workers)
         rows.append(
@@ -109,7 +107,7 @@ def cyclic_profile(
                 "tick": tick,
                 "activation_bytes": held,
                 "grad_bytes": active.given.get(tick, 0),
-                "allreduce_bytes": world.exchanged.get(tick, 0),
+                "allreduce_bytes": counting.exchanged.get(tick, 0),
                 "active_cells": active.per_tick.get(tick, 0),
             }
         )

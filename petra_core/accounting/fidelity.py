@@ -80,7 +80,7 @@ class FidelityTracker(Observer):
         self._batches: dict[int, tuple] = {}  # stream minibatch id -> batch, of the tracked groups
         self._done: dict[int, set[int]] = {}
         self._workers = {id(w) for w in sim.workers}
-        self._R = sim.world.mesh.replicas
+        self._R = sim.world.placement.mesh.replicas
         # replicas whose minibatches make the gradient the first replica steps with
         self._sources = (
             range(self._R) if self._R > 1 and isinstance(sim.rule, DataParallel) else (sim.workers[0].replica,)

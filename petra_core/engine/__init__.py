@@ -5,7 +5,7 @@ from .messages import BackwardMsg, ForwardMsg
 from .pipeline import Pipeline, run_stage_tick
 from .simulator import Simulator, simulate
 from .worker import HeadLog, HeadRecord, StageWorker
-from .world import LocalWorld
+from .worlds import LocalWorld
 
 __all__ = [
     "BackwardMsg",

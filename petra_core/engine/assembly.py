@@ -130,16 +130,16 @@ def assemble(
     positions (``"even"``, ranges like ``"0-3,4-9"``, or ``"balanced"``: costs from
     ``measure(model, sample or get_batch(0), method=, device=)``, e.g.
     :func:`petra_core.accounting.measure_stage_costs`). This process's stages move to their
-    devices (``world.device_for``); ``get_batch`` is called only where stage 0 lives.
+    devices (``world.placement.device_for``); ``get_batch`` is called only where stage 0 lives.
     """
     from .placement import parse_placement
 
     method, rule = get_method(method), get_rule(rule)
-    J, R = len(model), world.mesh.replicas
+    J, R = len(model), world.placement.mesh.replicas
     rule.check_mesh(stages=J, replicas=R)  # what the rule declares it needs: one line now, not at the first step
     schedule = schedule_for(method, J, num_batches, check_k(k))
     rule.check(schedule=method.schedule, k=k)
-    if world.world_size > 1:
+    if world.placement.world_size > 1:
         from .distributed.world import model_fingerprint
 
         config = (
@@ -147,13 +147,13 @@ def assemble(
             J,
             method.name,
             rule.name,
-            str(world.mesh),
+            str(world.placement.mesh),
             num_batches,
             k,
             batch_size,
             model_fingerprint(model),
         )
-        configs = world.all_objects(config)
+        configs = world.ranks.all_objects(config)
         differ = [r for r, c in enumerate(configs) if c != configs[0]]
         if differ:
             raise ValueError(
@@ -162,7 +162,7 @@ def assemble(
                 + "; ".join(f"rank {r}: {configs[r][:-1]}" for r in differ)
             )
     decision = None
-    if world.is_main:
+    if world.placement.is_main:
         try:
             costs = None
             if placement == "balanced":
@@ -175,17 +175,17 @@ def assemble(
                     model,
                     sample if sample is not None else get_batch(0),
                     method=method,
-                    device=world.device_for(0) or next(model.parameters()).device,
+                    device=world.placement.device_for(0) or next(model.parameters()).device,
                 )
-            decision = (parse_placement(placement, J, world.mesh.positions, costs), costs)
+            decision = (parse_placement(placement, J, world.placement.mesh.positions, costs), costs)
         except ValueError as err:  # a bad spec: every rank raises it, none waits for the others
             decision = str(err)
-    decision = world.share(decision)
+    decision = world.ranks.share(decision)
     if isinstance(decision, str):
         raise ValueError(decision)
     ranges, stage_costs = decision
     world.connect(ranges, schedule, backward=method.gradients_cross)
-    models = {r: model if i == 0 else copy.deepcopy(model) for i, r in enumerate(world.replicas)}
+    models = {r: model if i == 0 else copy.deepcopy(model) for i, r in enumerate(world.placement.replicas)}
     if rule.init == "different":  # a population of distinct initialisations
         from ..replicas.population import reinitialise
 
@@ -193,10 +193,10 @@ def assemble(
             if r > 0:
                 reinitialise(m, rule.seed, r)
     for m in models.values():
-        for j in world.stages:
-            if world.device_for(j) is not None:
-                m[j].to(world.device_for(j))
-    first = next(model[world.stages.start].parameters()).device
+        for j in world.placement.stages:
+            if world.placement.device_for(j) is not None:
+                m[j].to(world.placement.device_for(j))
+    first = next(model[world.placement.stages.start].parameters()).device
     if get_batch is not None and first.type != "cpu":
         user_get_batch = get_batch
 
@@ -215,7 +215,7 @@ def assemble(
                 recipe=recipe,
                 batch_size=batch_size * R,
                 batches_per_epoch=batches_per_epoch or max(num_batches, 1),
-                stages=world.stages,
+                stages=world.placement.stages,
                 replica=r,
                 precision=precision,
             ),

@@ -2,7 +2,7 @@
 rule, a world); ``assembly.py`` puts one together.
 
 The same runner and per-stage code (:func:`run_stage_tick`) serve the simulator (every replica
-and stage in a :class:`~petra_core.engine.world.LocalWorld`) and each rank of a distributed run.
+and stage in a :class:`~petra_core.engine.worlds.LocalWorld`) and each rank of a distributed run.
 A *tick* is the pipeline's unit of time: every stage copy this process holds runs its forward and
 backward of the tick, then every stage copy that has accumulated k backward passes *steps* (its
 replica rule first combines the copies' gradients). The pipeline is drained once at the end and
@@ -47,22 +47,22 @@ def run_stage_tick(
         if worker.is_first:
             msg = ForwardMsg(mb, *fetch(r, mb))
         else:
-            msg = world.recv_forward(r, j)
+            msg = world.transport.recv_forward(r, j)
             if msg.mb != mb:
                 raise RuntimeError(f"stage {j}: expected activation of minibatch {mb}, got {msg.mb}")
         out = observed(observers, "forward", worker, mb, worker.forward, msg, worker.joins_next and not observers)
         if out is not None:
-            observed(observers, "send", worker, mb, world.send_forward, r, j, out)
+            observed(observers, "send", worker, mb, world.transport.send_forward, r, j, out)
             for o in observers:
                 o.sent(worker, "forward", out)
     if action.backward is not None:
         mb = action.backward
-        msg = world.recv_backward(r, j) if worker.gradient_in else None
+        msg = world.transport.recv_backward(r, j) if worker.gradient_in else None
         graph = observed(observers, "rebuild", worker, mb, worker.rebuild, mb, msg)
         out = observed(observers, "backward", worker, mb, worker.backward, mb, msg, graph)
         del graph
         if out is not None:
-            observed(observers, "send", worker, mb, world.send_backward, r, j, out)
+            observed(observers, "send", worker, mb, world.transport.send_backward, r, j, out)
             for o in observers:
                 o.sent(worker, "backward", out)
 
@@ -92,17 +92,17 @@ class Pipeline:
         retain_freed_memory()  # every tick frees and reallocates activation-sized buffers (host_memory.py)
         self.replicas, self.schedule, self.world = replicas, schedule, world
         self.get_batch, self.method, self.rule, self.stage_costs = get_batch, method, get_rule(rule), stage_costs
-        self.model, self.workers, self.stages = replicas[0].model, replicas[0].workers, world.stages
+        self.model, self.workers, self.stages = replicas[0].model, replicas[0].workers, world.placement.stages
         self.observers: list[Observer] = []
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
             raise ValueError(f"offset must be an integer >= 0 (ticks between replicas' starts), got {offset!r}")
-        if offset and world.world_size > 1:
+        if offset and world.placement.world_size > 1:
             raise ValueError("a cyclic offset between replicas runs in the simulator (one process), not on ranks")
         self.offset = offset  # replica r runs its schedule offset * r ticks after replica 0 (cyclic execution)
-        self.num_ticks = schedule.num_ticks + offset * (world.mesh.replicas - 1)
+        self.num_ticks = schedule.num_ticks + offset * (world.placement.mesh.replicas - 1)
         self.waiting: dict[tuple[int, int], StageWorker] = {}  # (replica, stage) -> gave its part, not yet stepped
         # one replica whose weights stay fixed in flight: steps wait for the flush (_steps_of_the_tick)
-        self.defer_steps = schedule.fixed_weights_in_flight and world.mesh.replicas == 1
+        self.defer_steps = schedule.fixed_weights_in_flight and world.placement.mesh.replicas == 1
         self.deferred: set[int] = set()  # stages the table said step and have not been looked at for a step
         self.tick = 0
         self.sync_timing = sync_timing and self.workers[0].device.type == "cuda"
@@ -111,16 +111,16 @@ class Pipeline:
         for rep in replicas:
             rep.model.train()
 
-    rank = property(lambda self: self.world.rank)  # the world's, as the runner's own
-    world_size = property(lambda self: self.world.world_size)
-    placement = property(lambda self: self.world.placement)  # list[range]: each pipeline position's stages
+    rank = property(lambda self: self.world.placement.rank)  # the world's, as the runner's own
+    world_size = property(lambda self: self.world.placement.world_size)
+    placement = property(lambda self: self.world.placement.ranges)  # list[range]: each pipeline position's stages
 
     done = property(lambda self: self.tick >= self.num_ticks)
 
     # ---- running ----------------------------------------------------------------------------------
     def fetch(self, replica: int, mb: int):
         """Replica ``replica``'s minibatch ``mb``: minibatch ``mb * R + replica`` of the stream."""
-        global_mb = mb * self.world.mesh.replicas + replica
+        global_mb = mb * self.world.placement.mesh.replicas + replica
         batch = self.get_batch(global_mb)
         for o in self.observers:
             o.fetched(replica, global_mb, batch)
@@ -181,7 +181,7 @@ class Pipeline:
         if (worker.replica, worker.index) in self.waiting:
             self._take_step(worker)
         if action.forward is not None:  # a rule may swap in another version of the weights
-            self.rule.before_forward(worker, self.world.replica_group(worker.index))
+            self.rule.before_forward(worker, self.world.groups.replica_group(worker.index))
         run_stage_tick(worker, action, self.world, self.fetch, self.observers)
 
     def _steps_of_the_tick(self, stepping: set[int]) -> None:
@@ -208,7 +208,7 @@ class Pipeline:
         for i, j in enumerate(self.stages):
             if stages is not None and j not in stages:
                 continue  # nothing of it can be due
-            group = self.world.replica_group(j)
+            group = self.world.groups.replica_group(j)
             copies = [rep.workers[i] for rep in self.replicas]
             for worker in copies:
                 if due(worker) and (worker.replica, j) not in self.waiting:
@@ -224,7 +224,7 @@ class Pipeline:
 
     def _take_step(self, worker: StageWorker) -> None:
         j = worker.index
-        group = self.world.replica_group(j)
+        group = self.world.groups.replica_group(j)
         del self.waiting[worker.replica, j]
         observed(self.observers, "step", worker, None, worker.step, self.rule.complete(worker, group))
         copies = [rep.workers[j - self.stages.start] for rep in self.replicas]
@@ -239,7 +239,7 @@ class Pipeline:
             if key in self.waiting:
                 self._take_step(self.waiting[key])
         for worker in (w for rep in self.replicas for w in rep.workers):
-            self.rule.settle(worker, self.world.replica_group(worker.index))
+            self.rule.settle(worker, self.world.groups.replica_group(worker.index))
 
     def run(self, ticks: int | None = None) -> Pipeline:
         end = self.num_ticks if ticks is None else min(self.tick + ticks, self.num_ticks)
@@ -259,7 +259,7 @@ class Pipeline:
         heads' unread values from their devices."""
         if not self.workers[-1].is_last:
             return []
-        R = self.world.mesh.replicas
+        R = self.world.placement.mesh.replicas
         if len(self.replicas) == 1 and R == 1:
             return self.workers[-1].head_log.records()
         records = [
@@ -270,7 +270,7 @@ class Pipeline:
     # ---- gathers (collective: every rank calls them, in the same order) --------------------------
     def gather_object(self, obj, dst: int = 0) -> list | None:
         """Every rank's ``obj`` in rank order on rank ``dst``, None elsewhere."""
-        return self.world.gather_object(obj, dst)
+        return self.world.ranks.gather_object(obj, dst)
 
     def stage_state_dicts(self, cpu: bool = True, replica: int | None = None) -> dict[int, dict[str, Tensor]]:
         """{stage index: state_dict} of this process's stages of ``replica`` (default: its first)."""
@@ -286,7 +286,7 @@ class Pipeline:
         self.complete_steps()
         if self.world_size == 1:
             return self.model.state_dict()
-        parts = self.gather_object(self.stage_state_dicts() if 0 in self.world.replicas else {}, dst)
+        parts = self.gather_object(self.stage_state_dicts() if 0 in self.world.placement.replicas else {}, dst)
         if parts is None:
             return None
         merged = {j: sd for part in parts for j, sd in part.items()}
@@ -312,7 +312,7 @@ class Pipeline:
 
     def _groups(self) -> list:
         """This process's replica groups, each once, in stage order."""
-        return list({id(g): g for g in (self.world.replica_group(j) for j in self.stages)}.values())
+        return list({id(g): g for g in (self.world.groups.replica_group(j) for j in self.stages)}.values())
 
     def floats_sent(self) -> int:
         """Floats this process's replica groups have put into collectives in the run (checkpointed)."""
@@ -331,15 +331,15 @@ class Pipeline:
         from .placement import format_placement
 
         self.complete_steps()
-        mesh = self.world.mesh
+        mesh = self.world.placement.mesh
         return {
             "tick": self.tick,
             "rank": self.rank,
             "mesh": [mesh.replicas, mesh.positions],
-            "placement": format_placement(self.world.placement),
+            "placement": format_placement(self.placement),
             "replicas": {rep.index: {w.index: w.state_dict() for w in rep.workers} for rep in self.replicas},
             "rule": self.rule.state_dict(),
-            "world": self.world.state_dict(),
+            "world": self.world.transport.state_dict(),
             "floats_sent": [g.floats_sent for g in self._groups()],
         }
 
@@ -347,17 +347,16 @@ class Pipeline:
         """Restore :meth:`state_dict` on a fresh pipeline (after loading the stages' weights)."""
         from .placement import format_placement
 
-        state = _upgrade(state, format_placement(self.world.placement))
-        mesh = self.world.mesh
+        state = _upgrade(state, format_placement(self.placement))
+        mesh = self.world.placement.mesh
         if (tuple(state["mesh"]), state["rank"]) != ((mesh.replicas, mesh.positions), self.rank):
             raise ValueError(
                 f"checkpoint of rank {state['rank']} of a {state['mesh'][0]}x{state['mesh'][1]} mesh "
                 f"(replicas x pipeline positions) cannot be loaded on rank {self.rank} of {mesh}"
             )
-        if state["placement"] != format_placement(self.world.placement):
+        if state["placement"] != format_placement(self.placement):
             raise ValueError(
-                f"checkpoint placement {state['placement']} differs from this run's "
-                f"{format_placement(self.world.placement)}"
+                f"checkpoint placement {state['placement']} differs from this run's {format_placement(self.placement)}"
             )
         self.tick = state["tick"]
         for rep in self.replicas:
@@ -365,7 +364,7 @@ class Pipeline:
                 worker.load_state_dict(state["replicas"][rep.index][worker.index])
         self.rule.load_state_dict(state.get("rule", {}))
         self.rule.to(self.workers[0].device)
-        self.world.load_state_dict(state["world"])
+        self.world.transport.load_state_dict(state["world"])
         for group, count in zip(self._groups(), state.get("floats_sent", [])):
             group.floats_sent = count
 

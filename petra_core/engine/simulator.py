@@ -1,5 +1,5 @@
 """The single-process simulator: the :class:`~petra_core.engine.pipeline.Pipeline` of every replica
-and stage in a :class:`~petra_core.engine.world.LocalWorld` (in-process FIFOs; the same per-stage
+and stage in a :class:`~petra_core.engine.worlds.LocalWorld` (in-process FIFOs; the same per-stage
 code)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from ..optim import Recipe
 from ..replicas import ReplicaRule
 from .assembly import GetBatch, assemble
 from .pipeline import Pipeline
-from .world import LocalWorld
+from .worlds import LocalWorld
 
 
 class Simulator(Pipeline):

@@ -48,9 +48,10 @@ class Link:
 
 
 class Collectives:
-    """The blocking collectives of the replica group (default: the whole world), slowed by ``link``."""
+    """The blocking collectives of ``group`` (the replicas' process group, which its launcher creates
+    and owns: ``benchmarks/bench_acco.py`` passes the whole world), slowed by ``link``."""
 
-    def __init__(self, link: Link = Link(), group=None):
+    def __init__(self, group, link: Link = Link()):
         self.link, self.group = link, group
         self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
 

@@ -55,7 +55,7 @@ class Checkpoints:
                 damage = err
         if self.previous.exists():
             manifest = runio.load_checkpoint(self.previous)  # damaged too: its own one-line error
-            if self.world.is_main:
+            if self.world.placement.is_main:
                 why = f"{damage}" if damage else f"{self.path} is missing (interrupted while being replaced)"
                 print(
                     f"petra: warning: {why}; resuming from the previous checkpoint {self.previous} "
@@ -79,9 +79,9 @@ class Checkpoints:
             raise ConfigError(f"{self.path} was written by runtime={written}; resume it with that runtime")
         check_same_run(self.path, manifest.get("config"), self.cfg)
         ranks = manifest.get("world_size", 1)
-        if ranks != self.world.world_size:
+        if ranks != self.world.placement.world_size:
             raise ConfigError(
-                f"{self.path} was written by {ranks} ranks, this launch has {self.world.world_size}; "
+                f"{self.path} was written by {ranks} ranks, this launch has {self.world.placement.world_size}; "
                 f"resume with torchrun --nproc-per-node={ranks}"
             )
         return manifest
@@ -91,12 +91,12 @@ class Checkpoints:
         (collective). ``model_state``: replica 0's whole model on rank 0."""
         world, tick = self.world, pipe.tick
         pipeline = pipe.state_dict()  # settles the transport: nothing left on the wire
-        mesh = world.mesh
+        mesh = world.placement.mesh
         names = None
-        if world.world_size > 1:
+        if world.placement.world_size > 1:
             names = {(r, p): part_name(r, p, tick) for r in range(mesh.replicas) for p in range(mesh.positions)}
-            mine = (world.replica, world.position)
-            world.together(
+            mine = (world.placement.replica, world.placement.position)
+            world.ranks.together(
                 lambda: runio.save_checkpoint(
                     self.parts_dir / names[mine],
                     {"coordinate": mine, "stages": pipe.stage_state_dicts(), "pipeline": pipeline},
@@ -115,9 +115,9 @@ class Checkpoints:
                 self.path,
                 {
                     "runtime": self.cfg.runtime,
-                    "world_size": world.world_size,
+                    "world_size": world.placement.world_size,
                     "mesh": [mesh.replicas, mesh.positions],
-                    "placement": format_placement(world.placement),
+                    "placement": format_placement(world.placement.ranges),
                     "tick": tick,
                     "parts": names,
                     "pipeline": pipeline if names is None else None,
@@ -135,7 +135,7 @@ class Checkpoints:
                     if stale.name not in names.values():
                         stale.unlink(missing_ok=True)
 
-        world.on_main(commit, (ConfigError, ValueError))
+        world.ranks.on_main(commit, (ConfigError, ValueError))
 
     def restore(self, pipe, manifest: dict) -> list[dict]:
         """Load ``manifest``'s weights and in-flight state into ``pipe`` (collective); its history."""
@@ -149,7 +149,11 @@ class Checkpoints:
                 pipe.load_state_dict(manifest["pipeline"])
                 return
             parts = manifest["parts"]
-            name = parts[world.rank] if isinstance(parts, list) else parts[(world.replica, world.position)]
+            name = (
+                parts[world.placement.rank]
+                if isinstance(parts, list)
+                else parts[(world.placement.replica, world.placement.position)]
+            )
             path = self.parts_dir / name  # a list: written before the mesh, one part per rank
             if not path.exists():
                 raise ConfigError(f"{path} is missing: the checkpoint of {self.path} is incomplete")
@@ -162,5 +166,5 @@ class Checkpoints:
                 pipe.model[j].load_state_dict(sd)
             pipe.load_state_dict(part["pipeline"])
 
-        world.together(load, (ConfigError, ValueError))
+        world.ranks.together(load, (ConfigError, ValueError))
         return manifest["history"]

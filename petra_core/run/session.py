@@ -2,7 +2,7 @@
 
 A run lives in one process (``runtime: simulator``) or in one process per rank (``runtime:
 distributed``, every rank runs ``petra train`` under torchrun). One :class:`Session` serves both:
-it builds the run's world (a :class:`~petra_core.engine.world.LocalWorld` holding every replica,
+it builds the run's world (a :class:`~petra_core.engine.worlds.LocalWorld` holding every replica,
 or a ``DistributedWorld``: this rank's cell of the replicas × pipeline mesh, joined from
 torchrun's environment), the data (read where a replica's stage 0 lives, and on rank 0, which
 evaluates), the model (every rank builds the same from the seed) and the
@@ -119,7 +119,7 @@ class Session:
                     f"(WORLD_SIZE); add runtime=distributed, or run it as one process"
                 )
             self.world = LocalWorld(devices=local_devices(device), replicas=cfg.replicas)
-        self.is_main = self.world.is_main
+        self.is_main = self.world.placement.is_main
         self.checkpoints = Checkpoints(checkpoint_dir, cfg, self.world)
         self.checkpoint_path = self.checkpoints.path
         try:
@@ -138,7 +138,7 @@ class Session:
         cfg, world = self.cfg, self.world
         self.manifest = self.together(self.checkpoints.read_manifest)  # it fixes the ranks and the placement
         placement = self.manifest["placement"] if self.manifest else cfg.placement
-        reads_data = self.is_main or world.position == 0  # evaluation; a replica's stage 0
+        reads_data = self.is_main or world.placement.position == 0  # evaluation; a replica's stage 0
 
         def read_data():
             if not reads_data:
@@ -146,7 +146,7 @@ class Session:
             self.data = load_data(cfg)
             return self.data.train.num_batches, self.data.num_classes, self.data.stem
 
-        B, num_classes, stem = world.share(self.together(read_data))
+        B, num_classes, stem = world.ranks.share(self.together(read_data))
         R = cfg.replicas
         if B < R:
             raise ConfigError(
@@ -161,13 +161,13 @@ class Session:
             return self.data.train.batch(mb // G, mb % G)
 
         ahead = cfg.prefetch if cfg.prefetch is not None else (4 if cfg.device == "cuda" else 0)
-        if ahead and world.position == 0:
+        if ahead and world.placement.position == 0:
             get_batch = self.prefetcher = Prefetcher(
                 get_batch,
                 ahead=ahead,
                 pin=cfg.device == "cuda",
                 limit=cfg.epochs * G,
-                stride=1 if world.world_size == 1 else R,
+                stride=1 if world.placement.world_size == 1 else R,
             )
 
         self.pipe: Pipeline = self.together(
@@ -177,7 +177,7 @@ class Session:
                     cfg.method,
                     world,
                     num_batches=cfg.epochs * self.batches_per_epoch,
-                    get_batch=get_batch if world.position == 0 else None,
+                    get_batch=get_batch if world.placement.position == 0 else None,
                     batch_size=cfg.batch_size,
                     k=cfg.k,
                     recipe=recipe_of(cfg),
@@ -192,21 +192,23 @@ class Session:
 
     # ---- keeping ranks in step (trivial in one process) ------------------------------------------
     def together(self, fn):
-        return self.world.together(fn, USER_ERRORS)
+        return self.world.ranks.together(fn, USER_ERRORS)
 
     def on_main(self, fn):
-        return self.world.on_main(fn, USER_ERRORS)
+        return self.world.ranks.on_main(fn, USER_ERRORS)
 
     def share(self, obj):
-        return self.world.share(obj)
+        return self.world.ranks.share(obj)
 
     def agree(self, signal: str | None, diverged: str | None) -> tuple[str | None, str | None]:
-        return self.world.agree(signal, diverged, self.pipe.tick - 1)
+        return self.world.ranks.agree(signal, diverged, self.pipe.tick - 1)
 
     def all_finite(self) -> bool:
         """Are the weights and batch-norm statistics of every stage finite? (collective)"""
         self.pipe.complete_steps()
-        return self.world.all_true(all(finite(rep.model[j]) for rep in self.pipe.replicas for j in self.pipe.stages))
+        return self.world.ranks.all_true(
+            all(finite(rep.model[j]) for rep in self.pipe.replicas for j in self.pipe.stages)
+        )
 
     def _full_state(self) -> dict | None:
         """The whole model's state on rank 0 (gathered once per tick)."""
@@ -233,7 +235,7 @@ class Session:
         states = self.pipe.gather_replica_states()
         if not self.is_main:
             return None
-        if self.world.world_size == 1:
+        if self.world.placement.world_size == 1:
             return [rep.model for rep in self.pipe.replicas]
         device = next(self.model[0].parameters()).device
         models = []
@@ -245,16 +247,16 @@ class Session:
 
     def floats_sent_per_replica(self) -> int:
         """Floats one replica (replica 0) has put into collectives since the run began (collective)."""
-        mine = (0 in self.world.replicas, self.pipe.floats_sent())
-        parts = self.world.all_objects(mine)
+        mine = (0 in self.world.placement.replicas, self.pipe.floats_sent())
+        parts = self.world.ranks.all_objects(mine)
         return sum(f for holds_0, f in parts if holds_0)
 
     def environment(self) -> dict:
         env = {
             "runtime": self.cfg.runtime,
-            "world_size": self.world.world_size,
-            "mesh": str(self.world.mesh),
-            "placement": format_placement(self.world.placement),
+            "world_size": self.world.placement.world_size,
+            "mesh": str(self.world.placement.mesh),
+            "placement": format_placement(self.world.placement.ranges),
         }
         if hasattr(self.world, "backend"):
             env["backend"] = self.world.backend
@@ -277,8 +279,10 @@ class Session:
         """Make the other ranks stop (they may be waiting for this one)."""
         from ..engine.distributed.failures import PipelineError, short
 
-        if self.world.world_size > 1 and not isinstance(err, PipelineError):
-            self.world.report(f"petra: rank {self.world.rank} failed: {type(err).__name__}: {short(err)}")
+        if self.world.placement.world_size > 1 and not isinstance(err, PipelineError):
+            self.world.ranks.report(
+                f"petra: rank {self.world.placement.rank} failed: {type(err).__name__}: {short(err)}"
+            )
 
     def close(self, ok: bool = True) -> None:
         """Stop the pipeline's threads and leave the process group (see DistributedWorld.leave)."""

@@ -260,7 +260,7 @@ class Trainer:
         rt, pipe, cfg = self.rt, self.pipe, self.cfg
         steps = pipe.workers[0].steps  # stage 0's (rank 0)
         peaks = pipe.gather_object(
-            [sum(w.peak_kept.values()) for w in pipe.workers] if 0 in pipe.world.replicas else []
+            [sum(w.peak_kept.values()) for w in pipe.workers] if 0 in pipe.world.placement.replicas else []
         )
         model = rt.model_for_eval() if cfg.bn_reestimate_batches else None
         floats = rt.floats_sent_per_replica()

@@ -159,10 +159,10 @@ class Timings:
 
 
 def timings(pipe: DistributedPipeline) -> Timings:
-    s = pipe.world.stats
+    s = pipe.world.transport.stats
     return Timings(
         pipe.rank,
-        pipe.world.replica,
+        pipe.world.placement.replica,
         format_stages(pipe.stages),
         pipe.tick,
         pipe.wall_s,
@@ -181,7 +181,7 @@ def throughput(pipe: DistributedPipeline, timings: list[Timings], batch: int, wa
     schedules: ticks 2(J-1) .. n; flushed ones: from the first flush group after ``warmup``
     minibatches to the end, whole groups)."""
     sch, n = pipe.schedule, pipe.schedule.num_batches
-    batch = batch * pipe.world.mesh.replicas  # every replica trains on its own minibatches
+    batch = batch * pipe.world.placement.mesh.replicas  # every replica trains on its own minibatches
     total = max(t.wall_s for t in timings)
     out = {"images_per_s": n * batch / total if total > 0 else 0.0, "wall_s": total}
     if not sch.fixed_weights_in_flight:
@@ -227,7 +227,7 @@ def _run_one(args, method: str, device: torch.device) -> None:
     while not pipe.done:
         if fault is not None and pipe.tick == fault[0]:
             print(
-                f"petra: fault injection: {fault[1]} on {pipe.world.describe()} at tick {pipe.tick}",
+                f"petra: fault injection: {fault[1]} on {pipe.world.placement.describe()} at tick {pipe.tick}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -245,8 +245,8 @@ def _run_one(args, method: str, device: torch.device) -> None:
                     "rank": pipe.rank,
                     "local_rank": int(os.environ.get("LOCAL_RANK", -1)),
                     "group_rank": int(os.environ.get("GROUP_RANK", -1)),
-                    "replica": pipe.world.replica,
-                    "position": pipe.world.position,
+                    "replica": pipe.world.placement.replica,
+                    "position": pipe.world.placement.position,
                     "stages": format_stages(pipe.stages),
                     "device": str(pipe.workers[0].device),
                     "fetched": fetched.minibatches,
@@ -266,7 +266,7 @@ def _run_one(args, method: str, device: torch.device) -> None:
         steady = f", steady {tp['steady_images_per_s']:.1f} images/s ({tp['steady_window']})"
     print(
         f"petra distributed: {method} {args.arch} width {args.width} batch {args.batch} on {pipe.world_size} "
-        f"ranks ({device.type}, mesh {pipe.world.mesh} replicas x positions), "
+        f"ranks ({device.type}, mesh {pipe.world.placement.mesh} replicas x positions), "
         f"placement {format_placement(pipe.placement)}: {tp['images_per_s']:.1f} images/s"
         f"{steady}" + (f", last loss {log[-1].loss:.4f}" if log else ""),
         flush=True,
@@ -285,7 +285,7 @@ def _run_one(args, method: str, device: torch.device) -> None:
                 {
                     "method": method,
                     "world_size": pipe.world_size,
-                    "replicas": pipe.world.mesh.replicas,
+                    "replicas": pipe.world.placement.mesh.replicas,
                     "device": device.type,
                     "placement": format_placement(pipe.placement),
                     "stage_costs": pipe.stage_costs,

@@ -30,6 +30,6 @@ class DistributedPipeline(Pipeline):
         **kwargs,
     ):
         world = world if world is not None else DistributedWorld(device, timeout=timeout, replicas=replicas)
-        if world.position == 0 and kwargs.get("get_batch") is None:
-            raise ValueError(f"{world.describe()} owns stage 0 of its replica and needs get_batch")
+        if world.placement.position == 0 and kwargs.get("get_batch") is None:
+            raise ValueError(f"{world.placement.describe()} owns stage 0 of its replica and needs get_batch")
         super().__init__(**assemble(model, method, world, **kwargs))

@@ -1,4 +1,5 @@
-"""Stage messages between ranks, over torch.distributed point-to-point operations.
+"""Stage messages of a distributed run: between ranks over torch.distributed point-to-point
+operations, between two stages of one rank through a local transport (composition).
 
 Each direction of each pair of neighbouring ranks has its own process group, so every stream is
 matched in order (and, on NCCL, sends and receives never queue behind each other). A message
@@ -14,7 +15,7 @@ import contextlib
 import datetime
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -23,7 +24,9 @@ import torch.distributed as dist
 
 from ...models import streams
 from ..messages import BackwardMsg, ForwardMsg
+from ..worlds import LocalTransport
 from .failures import DEFAULT_TIMEOUT, PipelineError, ProtocolError, is_timeout, short
+from .placement import RankPlacement
 from .wire import (
     BACKWARD,
     DIRECTION,
@@ -125,43 +128,38 @@ def wait_for(event, timeout: float, what: str, poll_s: float = 0.0002) -> None:
 
 
 class DistributedTransport:
-    """Sends and receives between stages of one replica on different ranks (``placement[p]``: the
-    stages of pipeline position p; this rank is ``position`` of ``replica`` in ``mesh``).
-    :meth:`begin_tick` posts a tick's receives and retires old sends; :meth:`finish` ends the run."""
+    """Sends and receives between the stages of this rank's replica (``placement``: this rank's cell
+    of the mesh). Messages between two stages of this rank go through its own
+    :class:`~petra_core.engine.worlds.LocalTransport`; those to other ranks over the edge ``groups``
+    (:func:`edge_groups`, owned by the world). :meth:`begin_tick` posts a tick's receives and retires
+    old sends; :meth:`finish` ends the run."""
 
     def __init__(
         self,
-        placement: Sequence[range],
+        placement: RankPlacement,
         schedule,
         *,
-        position: int,
-        device: torch.device,
-        mesh=None,
-        replica: int = 0,
+        groups: dict,
         timeout: float = DEFAULT_TIMEOUT,
-        groups: dict | None = None,
         on_failure=None,
         backward: bool = True,
-        name_stage=None,
     ):
-        from ..world import Mesh
-
-        self.placement, self.schedule, self.position = list(placement), schedule, position
-        self.mesh = mesh if mesh is not None else Mesh(1, len(self.placement))
-        rank_of = lambda p: self.mesh.rank(replica, p)  # noqa: E731
-        self.rank = rank_of(position)
-        self.device, self.timeout = torch.device(device), timeout
+        self.schedule, self.position = schedule, placement.position
+        self.local = LocalTransport(placement)
+        self.mesh = placement.mesh
+        rank_of = lambda p: self.mesh.rank(placement.replica, p)  # noqa: E731
+        self.rank = placement.rank
+        self.device, self.timeout = placement.device, timeout
         self.on_failure = on_failure or (lambda message: message)
-        self.name_stage = name_stage or (lambda stage, p: f"stage {stage} (rank {rank_of(p)})")
-        self.owner = {j: p for p, stages in enumerate(self.placement) for j in stages}
-        self.mine = self.placement[position]
+        self.name_stage = placement.name_stage
+        self.owner = {j: p for p, stages in enumerate(placement.ranges) for j in stages}
+        self.mine = placement.stages
         self.stats = TransportStats()
         self.sends: deque = deque()  # (tick, edge, mb, works, tensors)
         self.tick = -1
         self.backend = dist.get_backend() if dist.is_initialized() else "gloo"
-        groups = groups if groups is not None else edge_groups(self.mesh, timeout)
         J, lo, hi = schedule.num_stages, self.mine.start, self.mine.stop - 1
-        rank, nxt, prev = self.rank, rank_of(position + 1), rank_of(position - 1)
+        rank, nxt, prev = self.rank, rank_of(self.position + 1), rank_of(self.position - 1)
         self.out: dict[int, _Edge] = {}  # by direction
         self.receivers: dict[int, _Receiver] = {}  # by direction
         if hi + 1 < J:
@@ -221,18 +219,24 @@ class DistributedTransport:
         for rx in self.receivers.values():
             rx.stop()
 
-    # -- the four calls ---------------------------------------------------------------------------
-    def send_forward(self, src: int, msg: ForwardMsg) -> None:
-        self._send(FORWARD, src, src + 1, msg.mb, msg.activation, msg.labels)
+    # -- the four calls: to a stage of this rank through the local transport, else over the wire ----
+    def send_forward(self, replica: int, src: int, msg: ForwardMsg) -> None:
+        if src + 1 in self.mine:
+            self.local.send_forward(replica, src, msg)
+        else:
+            self._send(FORWARD, src, src + 1, msg.mb, msg.activation, msg.labels)
 
-    def send_backward(self, src: int, msg: BackwardMsg) -> None:
-        self._send(BACKWARD, src, src - 1, msg.mb, msg.grad, msg.activation)
+    def send_backward(self, replica: int, src: int, msg: BackwardMsg) -> None:
+        if src - 1 in self.mine:
+            self.local.send_backward(replica, src, msg)
+        else:
+            self._send(BACKWARD, src, src - 1, msg.mb, msg.grad, msg.activation)
 
-    def recv_forward(self, dst: int) -> ForwardMsg:
-        return self._recv(FORWARD, dst)
+    def recv_forward(self, replica: int, dst: int) -> ForwardMsg:
+        return self.local.recv_forward(replica, dst) if dst - 1 in self.mine else self._recv(FORWARD, dst)
 
-    def recv_backward(self, dst: int) -> BackwardMsg:
-        return self._recv(BACKWARD, dst)
+    def recv_backward(self, replica: int, dst: int) -> BackwardMsg:
+        return self.local.recv_backward(replica, dst) if dst + 1 in self.mine else self._recv(BACKWARD, dst)
 
     # -- internals ----------------------------------------------------------------------------------
     def _send(self, direction: int, src: int, dst: int, mb: int, a, b) -> None:
@@ -339,18 +343,21 @@ class DistributedTransport:
         self._retire(lambda s: True)
 
     def state_dict(self) -> dict:
-        """The messages sent to this rank's stages and not yet consumed (settles first)."""
+        """The messages sent to this rank's stages and not yet consumed: ``local`` those between its
+        own stages, ``ready`` those from other ranks (settles first: nothing is left on the wire)."""
+        local = self.local.state_dict()
         self.settle()
 
         def pack(msgs):
             return [(m.mb, *(streams.apply(lambda t: t.detach().cpu(), f) for f in message_fields(m))) for m in msgs]
 
-        return {"ready": {direction: pack(q) for direction, q in self.ready.items() if q}}
+        return {"local": local, "ready": {direction: pack(q) for direction, q in self.ready.items() if q}}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the queues of :meth:`state_dict` (on a fresh transport, before the first tick)."""
         if any(rx.pending for rx in self.receivers.values()) or self.sends:
             raise RuntimeError("load_state_dict needs a transport with nothing in flight")
+        self.local.load_state_dict(state["local"])
 
         def unpack(direction, msgs):
             return deque(
@@ -368,22 +375,15 @@ class DistributedTransport:
             )
 
 
-_GROUPS: dict = {}
-
-
 def edge_groups(mesh, timeout: float = DEFAULT_TIMEOUT) -> dict[tuple[int, int], object]:
     """One process group per direction per pair of neighbouring ranks of each replica of ``mesh``.
-    Keys: (FORWARD, g) for g -> g+1, (BACKWARD, g) for g -> g-1 (global ranks). Collective the first
-    time (every rank calls it, in the same order); cached for the current default process group."""
-    world = dist.group.WORLD
-    key = (mesh.replicas, mesh.positions, timeout)
-    if _GROUPS.get("world") is not world or _GROUPS.get("key") != key:
-        groups = {}
-        td = datetime.timedelta(seconds=timeout)
-        for replica in range(mesh.replicas):
-            for p in range(mesh.positions - 1):
-                g = mesh.rank(replica, p)
-                groups[FORWARD, g] = dist.new_group([g, g + 1], timeout=td)
-                groups[BACKWARD, g + 1] = dist.new_group([g, g + 1], timeout=td)
-        _GROUPS.update(world=world, key=key, groups=groups)
-    return _GROUPS["groups"]
+    Keys: (FORWARD, g) for g -> g+1, (BACKWARD, g) for g -> g-1 (global ranks). Collective: every
+    rank calls it, in the same order; the caller owns the groups (the distributed world)."""
+    groups = {}
+    td = datetime.timedelta(seconds=timeout)
+    for replica in range(mesh.replicas):
+        for p in range(mesh.positions - 1):
+            g = mesh.rank(replica, p)
+            groups[FORWARD, g] = dist.new_group([g, g + 1], timeout=td)
+            groups[BACKWARD, g + 1] = dist.new_group([g, g + 1], timeout=td)
+    return groups

@@ -1,0 +1,22 @@
+"""The replica-groups part of a world (petra_core/engine/worlds/replica_groups.py): every stage of
+a process meets its copies in one group; in one process it averages them at once."""
+
+import torch
+
+from petra_core.engine.worlds import LocalReplicaGroup, LocalWorld, OneGroup
+
+
+def test_every_stage_meets_its_copies_in_the_one_group():
+    group = LocalReplicaGroup(3)
+    groups = OneGroup(group)
+    assert all(groups.replica_group(j) is group for j in range(5))
+    world = LocalWorld(replicas=2)
+    assert world.groups.replica_group(0) is world.groups.replica_group(4) and world.groups.replica_group(0).size == 2
+
+
+def test_the_local_group_averages_in_replica_order_and_counts_what_one_replica_sends():
+    group = LocalReplicaGroup(3)
+    tensors = [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0]), torch.tensor([0.5, 0.0])]
+    expected = ((tensors[0] + tensors[1]) + tensors[2]) / 3
+    group.all_reduce_mean(tensors)()
+    assert all(torch.equal(t, expected) for t in tensors) and group.floats_sent == 2
