@@ -55,7 +55,7 @@ def settings(gbit: float) -> list[dict]:
 def rank_main(args) -> int:
     import torch.distributed as dist
 
-    from petra_core.models import build_model
+    from petra_core.families import build_model
     from petra_core.optim import Recipe, make_optimizer
     from petra_core.replicas.timing import RUNNERS, Collectives, Link, Worker
 

@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "ARCHS": "models",
     "StagedModel": "models",
-    "build_model": "models",
+    "build_model": "families",
     "METHODS": "methods",
     "get_method": "methods",
     "Pipeline": "engine",

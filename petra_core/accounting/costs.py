@@ -61,7 +61,7 @@ def fidelity_sample(
 ) -> pd.DataFrame:
     """Cosine and relative error of each delayed gradient vs the true one, random data, fixed seed."""
     from ..engine import Simulator
-    from ..models import build_model
+    from ..families import build_model
     from ..optim import Recipe
     from .fidelity import track_fidelity
 
@@ -91,7 +91,7 @@ def fidelity_sample(
 
 def measure(settings: dict | None = None) -> dict:
     """Every cost table as a DataFrame, plus a JSON-able record of the settings and the machine."""
-    from ..models import build_model
+    from ..families import build_model
     from .table1 import network_costs, per_stage, table1
     from .table3 import table3
 

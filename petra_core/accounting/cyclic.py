@@ -206,7 +206,7 @@ def measure(settings: dict | None = None) -> dict[str, pd.DataFrame | dict]:
     and means over one steady step, and the devices each needs (checked against the run)."""
     import torch
 
-    from ..models import build_model
+    from ..families import build_model
     from ..replicas import get_rule
 
     cfg = {**DEFAULTS, **(settings or {})}

@@ -25,8 +25,8 @@ import pandas as pd
 import torch
 
 from ..engine import Simulator
+from ..families import build_model
 from ..methods import METHODS, get_method
-from ..models import build_model
 from ..reference import evaluate_formula, load_reference
 from .recorder import Recorder
 from .shapes import FLOAT32, stage_shapes

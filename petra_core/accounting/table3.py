@@ -15,8 +15,8 @@ import math
 
 import torch
 
+from ..families import build_model
 from ..methods.schedule import staleness
-from ..models import build_model
 from ..reference import load_reference
 from .shapes import FLOAT32, stage_shapes
 

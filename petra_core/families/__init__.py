@@ -15,6 +15,7 @@ _EXPORTS = {
     "register_family": "registry",
     "family_of": "registry",
     "build": "registry",
+    "build_model": "image",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy(__name__, _EXPORTS)

@@ -15,7 +15,6 @@ _EXPORTS = {
     "ReversibleStage": "stage",
     "Stage": "stage",
     "StagedModel": "staged",
-    "build_model": "build",
     "AuxHead": "aux_heads",
     "AUX_HEADS": "aux_heads",
 }

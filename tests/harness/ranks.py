@@ -46,7 +46,7 @@ def synthetic_batch(seed: int, mb: int, batch: int, image_size: int, num_classes
 
 def demo_setup(args: argparse.Namespace) -> tuple[StagedModel, GetBatch, Recipe]:
     """Model (seeded), data and recipe of the demo run; the tests rebuild the same for the simulator."""
-    from petra_core.models import build_model
+    from petra_core.families import build_model
 
     torch.manual_seed(args.seed)
     model = build_model(
