@@ -160,3 +160,15 @@ def test_a_new_study_gets_its_snakemake_rule_and_feeds_the_tables(registry):
     planned = dry_run("paper_tables")
     assert re.search(r"^rule toy:", planned, re.M), "the tables rule asks for the toy study's records"
     assert f"--studies {registry}" in planned
+
+
+def test_petra_studies_lists_the_registry(registry, capsys):
+    from petra_core.cli import main
+
+    assert main(["studies", "--studies", str(registry)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["acco", "budget", "cdp", "cpu", "cyclic", "toy", "wash"]
+    toy = next(line for line in lines if line.startswith("toy:"))
+    assert "results/toy (measured by `printf" in toy and toy.endswith("; table toy")
+    assert main(["studies", "--studies", str(registry / "nothing")]) == 2
+    assert "is not a directory of study declarations" in capsys.readouterr().err

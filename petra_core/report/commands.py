@@ -63,6 +63,18 @@ def cmd_figures(args) -> int:
     return 0
 
 
+def cmd_studies(args) -> int:
+    """One line per declared study: where its records are and what it renders."""
+    from ..workflow.studies import load_all
+
+    for study in load_all(args.studies):
+        source = f"profile {study.profile}" if study.profile else f"measured by `{study.measure_command()}`"
+        outputs = ", ".join([*(f"table {t}" for t in study.tables), *(f"figure {f}" for f in study.figures)])
+        outputs = (outputs or "no tables or figures of its own") + ("; a README part" if study.readme else "")
+        print(f"{study.name}: {study.about} — {study.results} ({source}); {outputs}")
+    return 0
+
+
 def cmd_readme(args) -> int:
     from .readme import cmd_readme as run
 
@@ -110,6 +122,15 @@ def register(sub) -> None:
             )
         p.add_argument("--out", required=True, help="output directory")
         p.set_defaults(func=func)
+
+    p = sub.add_parser(
+        "studies",
+        help="list the declared studies (workflow/studies/NAME.yaml): records, tables, figures",
+        description="List the study registry: each study's records directory, how they are made "
+        "(a profile's runs, or a command) and the tables and figures it renders.",
+    )
+    p.add_argument("--studies", default=str(STUDIES_DIR), help="the study registry (default %(default)s)")
+    p.set_defaults(func=cmd_studies)
 
     p = sub.add_parser(
         "readme",
