@@ -172,3 +172,13 @@ def test_petra_studies_lists_the_registry(registry, capsys):
     assert "results/toy (measured by `printf" in toy and toy.endswith("; table toy")
     assert main(["studies", "--studies", str(registry / "nothing")]) == 2
     assert "is not a directory of study declarations" in capsys.readouterr().err
+
+
+def test_a_study_may_not_take_a_paper_tables_name(registry, tmp_path):
+    (registry / "toy_templates" / "table2_accuracy.md.j2").write_text("")
+    declaration = {**TOY, "tables": {"table2_accuracy": TOY["tables"]["toy"]}}
+    (registry / "toy.yaml").write_text(yaml.safe_dump(declaration, sort_keys=False))
+    with pytest.raises(ValueError, match="study 'toy' declares table 'table2_accuracy', one of the paper's"):
+        tables.render_all(
+            ROOT / "results/budget", ROOT / "results/costs", tmp_path / "t", "budget", studies_dir=registry
+        )

@@ -290,6 +290,9 @@ def draw_all(
         "memory_per_stage": memory_per_stage(frames["memory"], profile),
         "gradient_fidelity": gradient_fidelity(frames["fidelity"], profile, fallback),
         "budget_gap": budget_gap(summary, frames["results"], profile, load_paper_reference()),
-        **studies_mod.figures(load_all(studies_dir), study_dirs),
     }
+    for name, fig in studies_mod.figures(load_all(studies_dir), study_dirs).items():
+        if name in figs:
+            raise ValueError(f"a study declares figure {name!r}, one of the profile's {list(FIGURES)}")
+        figs[name] = fig
     return [path for name, fig in figs.items() for path in save(fig, out_dir, name)]

@@ -99,7 +99,7 @@ def readme_parts(studies: list[Study], results_root: Path) -> dict:
 
     out = {}
     for study in (s for s in studies if s.readme):
-        directory = results_root / (study.profile or study.name)
+        directory = results_root / Path(study.results).name
         if study.measured:
             out[study.readme["key"]] = resolve(study.readme["part"])(*source(study, directory))
         elif (directory / "summary.csv").exists():

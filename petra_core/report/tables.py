@@ -410,6 +410,8 @@ def render_all(
     }
     templates = dict.fromkeys(contexts)
     for name, (study, context) in studies_mod.contexts(studies.load_all(studies_dir), study_dirs).items():
+        if name in TABLES:
+            raise ValueError(f"study {study.name!r} declares table {name!r}, one of the paper's {sorted(TABLES)}")
         contexts[name], templates[name] = context, study.templates
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

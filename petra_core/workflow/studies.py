@@ -28,6 +28,7 @@ Only YAML and paths here: the report floor and the Snakefile read it without loa
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,12 +78,10 @@ class Study:
         """Whether ``petra tables | figures`` read its records (a README-only study does not)."""
         return bool(self.tables or self.figures)
 
-    def record_paths(self, results: str | None = None) -> list[str]:
-        return [f"{results or self.results}/{name}" for name in self.records]
+    def record_paths(self) -> list[str]:
+        return [f"{self.results}/{name}" for name in self.records]
 
     def measure_command(self) -> str:
-        import shlex
-
         return self.command.format(out=shlex.quote(self.results))
 
 
