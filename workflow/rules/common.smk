@@ -62,7 +62,7 @@ RECORDS = (runio.METRICS, runio.ENV)
 REFERENCE = os.path.relpath(REFERENCE_FILE)
 TEMPLATES = sorted(str(path) for path in Path("petra_core/report/templates").glob("*.j2"))
 # renders follow the code, and the registry that says which studies they render
-REPORT_CODE = sorted([*(str(path) for path in Path("petra_core/report").glob("*.py")), studies.__file__])
+REPORT_CODE = sorted([*(str(path) for path in Path("petra_core/report").glob("*.py")), "petra_core/workflow/studies.py"])
 
 
 wildcard_constraints:
