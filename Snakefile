@@ -5,8 +5,8 @@
 #   .venv/bin/snakemake --cores all --config profile=smoke       # the smoke grid, end to end
 #   .venv/bin/snakemake --report report.html                     # HTML report of tables and figures
 #
-# The grid lives in workflow/config/profiles/PROFILE.yaml only (read through petra_core.workflow.grid);
-# see docs/reproducing.md.
+# The grid lives in workflow/config/profiles/PROFILE.yaml only (read through petra_core.workflow.grid),
+# each study in workflow/studies/NAME.yaml only (petra_core.workflow.studies); see docs/reproducing.md.
 from snakemake.utils import min_version, validate
 
 min_version("9.0")

@@ -19,6 +19,7 @@ from petra_core.report import costs, results, tables
 from petra_core.report.labels import formula, pm, pretty_expr, tex
 from petra_core.run.config import RunConfig
 from petra_core.workflow import grid
+from petra_core.workflow.studies import load_all
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ROOT / "workflow" / "config" / "profiles"
@@ -266,7 +267,8 @@ def test_missing_runs_are_an_error_unless_allowed(fake, tmp_path):
 # --- tables -------------------------------------------------------------------------------------
 def test_tables_hold_our_values_beside_the_papers(fake, cost_tables, tmp_path):
     paths = tables.render_all(fake["results_dir"], cost_tables, tmp_path, profile="fake")
-    assert sorted(p.name for p in paths) == sorted(f"{n}.{f}" for n in tables.TABLES for f in ("md", "tex"))
+    names = [*tables.TABLES, *(name for study in load_all(ROOT / "workflow/studies") for name in study.tables)]
+    assert sorted(p.name for p in paths) == sorted(f"{n}.{f}" for n in names for f in ("md", "tex"))
     t2 = (tmp_path / "table2_accuracy.md").read_text()
     sd = pd.Series([71.25, 72.75]).std()
     assert (
@@ -654,11 +656,13 @@ def test_the_replica_rule_table_reads_its_own_profile_whatever_the_report_render
     budget_dir, rules_dir = tmp_path / "budget", tmp_path / "fakecdp"
     results.write({name: budget[name] for name in results.FRAMES}, budget_dir)
     results.write({name: rules[name] for name in results.FRAMES}, rules_dir)
-    tables.render_all(budget_dir, cost_tables, tmp_path / "t", profile="budget", replicas_dir=rules_dir)
+    tables.render_all(budget_dir, cost_tables, tmp_path / "t", profile="budget", study_dirs={"cdp": rules_dir})
     md = (tmp_path / "t" / "replica_rules.md").read_text()
     assert "profile `fakecdp`" in md and "| RevNet18 | CDP2 (L = 4) |" in md
     assert "results/fakecdp/summary.csv" in md
-    tables.render_all(budget_dir, cost_tables, tmp_path / "t", profile="budget", replicas_dir=tmp_path / "nothing")
+    tables.render_all(
+        budget_dir, cost_tables, tmp_path / "t", profile="budget", study_dirs={"cdp": tmp_path / "nothing"}
+    )
     assert "have been gathered" in (tmp_path / "t" / "replica_rules.md").read_text()
 
 
@@ -1019,10 +1023,11 @@ def test_the_readmes_results_are_what_the_committed_records_give():
     from petra_core.report.readme import is_current, render_block
 
     root = Path(__file__).resolve().parents[1]
-    assert is_current(root / "README.md", root / "results"), (
-        "README.md's results block is stale: run `petra readme`\n" + render_block(root / "results")
+    assert is_current(root / "README.md", root / "results", root / "workflow/studies"), (
+        "README.md's results block is stale: run `petra readme`\n"
+        + render_block(root / "results", root / "workflow/studies")
     )
-    block = render_block(root / "results")
+    block = render_block(root / "results", root / "workflow/studies")
     assert "PETRA (k = 1) minus" in block and "Table 3" in block
 
 

@@ -8,7 +8,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..run.runio import ACCO_RESULTS, GPU_RESULTS, POPULATION_RESULTS, REPLICA_RESULTS
+from ..run.runio import GPU_RESULTS
+from ..workflow.studies import STUDIES_DIR
+
+
+def study_dirs(pairs: list[str]) -> dict[str, str]:
+    """``--study NAME=DIR`` options as {name: directory}."""
+    out = {}
+    for pair in pairs:
+        name, sep, directory = pair.partition("=")
+        if not sep or not name or not directory:
+            raise ValueError(f"--study {pair!r}: expected NAME=DIR (a study of the registry and its results directory)")
+        out[name] = directory
+    return out
 
 
 def cmd_results(args) -> int:
@@ -28,11 +40,9 @@ def cmd_tables(args) -> int:
         args.costs,
         args.out,
         profile=Path(args.results).name,
-        cyclic_dir=args.cyclic,
-        replicas_dir=args.replicas,
         gpu_dir=args.gpu,
-        populations_dir=args.populations,
-        acco_dir=args.acco,
+        studies_dir=args.studies,
+        study_dirs=study_dirs(args.study),
     ):
         print(path)
     return 0
@@ -46,12 +56,22 @@ def cmd_figures(args) -> int:
         args.costs,
         args.out,
         profile=Path(args.results).name,
-        cyclic_dir=args.cyclic,
-        replicas_dir=args.replicas,
-        populations_dir=args.populations,
-        acco_dir=args.acco,
+        studies_dir=args.studies,
+        study_dirs=study_dirs(args.study),
     ):
         print(path)
+    return 0
+
+
+def cmd_studies(args) -> int:
+    """One line per declared study: where its records are and what it renders."""
+    from ..workflow.studies import load_all
+
+    for study in load_all(args.studies):
+        source = f"profile {study.profile}" if study.profile else f"measured by `{study.measure_command()}`"
+        outputs = ", ".join([*(f"table {t}" for t in study.tables), *(f"figure {f}" for f in study.figures)])
+        outputs = (outputs or "no tables or figures of its own") + ("; a README part" if study.readme else "")
+        print(f"{study.name}: {study.about} — {study.results} ({source}); {outputs}")
     return 0
 
 
@@ -82,24 +102,17 @@ def register(sub) -> None:
         p = sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".")
         p.add_argument("--results", required=True, help="a profile's results directory, e.g. results/cpu")
         p.add_argument("--costs", default="results/costs", help="cached cost measurements (petra costs)")
-        p.add_argument("--cyclic", default="results/cyclic", help="cached cyclic-execution measurement (petra cyclic)")
         p.add_argument(
-            "--replicas",
-            default=REPLICA_RESULTS,
-            help="the results directory the replica-rule comparison reads (a profile that varies "
-            "replica_rule; default %(default)s)",
+            "--studies",
+            default=str(STUDIES_DIR),
+            help="the study registry: every study declared there adds its tables and figures (default %(default)s)",
         )
         p.add_argument(
-            "--populations",
-            default=POPULATION_RESULTS,
-            help="the results directory the population comparison reads (a profile of independent, "
-            "papa and wash runs; default %(default)s)",
-        )
-        p.add_argument(
-            "--acco",
-            default=ACCO_RESULTS,
-            help="the results directory the ACCO comparison reads (a profile of zero1, dpu, wp and acco "
-            "runs; default %(default)s)",
+            "--study",
+            action="append",
+            default=[],
+            metavar="NAME=DIR",
+            help="read study NAME's records from DIR instead of its declared results directory (repeatable)",
         )
         if name == "tables":
             p.add_argument(
@@ -111,14 +124,25 @@ def register(sub) -> None:
         p.set_defaults(func=func)
 
     p = sub.add_parser(
+        "studies",
+        help="list the declared studies (workflow/studies/NAME.yaml): records, tables, figures",
+        description="List the study registry: each study's records directory, how they are made "
+        "(a profile's runs, or a command) and the tables and figures it renders.",
+    )
+    p.add_argument("--studies", default=str(STUDIES_DIR), help="the study registry (default %(default)s)")
+    p.set_defaults(func=cmd_studies)
+
+    p = sub.add_parser(
         "readme",
         help="render README.md's results block from the committed result files",
         description="Replace the block between README.md's results markers by a render of "
-        "results/{budget,cpu,costs,cdp,wash}, and the block between its benchmarks markers by a render "
+        "results/costs and of each study's results (the studies of --studies with a readme part), "
+        "and the block between its benchmarks markers by a render "
         "of results/benchmarks/*.json (benchmarks run with --record); --check: exit 1 if "
         "a committed block differs.",
     )
     p.add_argument("--readme", default="README.md")
     p.add_argument("--results", default="results", help="the results root (default %(default)s)")
+    p.add_argument("--studies", default=str(STUDIES_DIR), help="the study registry (default %(default)s)")
     p.add_argument("--check", action="store_true", help="only check; change nothing")
     p.set_defaults(func=cmd_readme)

@@ -23,21 +23,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from ..workflow.studies import STUDIES_DIR  # noqa: E402
 from . import labels  # noqa: E402
 from .budget import METRICS, at_largest_budget, gap_frame, paper_point, trend, trend_curve, varies_budget  # noqa: E402
 from .plotting import empty_figure  # noqa: E402
 
-FIGURES = (
-    "fig4_accumulation",
-    "training_curves",
-    "memory_per_stage",
-    "gradient_fidelity",
-    "budget_gap",
-    "replica_rules",
-    "cyclic",
-    "populations",
-    "acco",
-)
+# the selected profile's figures; every other figure is a study's (workflow/studies/*.yaml)
+FIGURES = ("fig4_accumulation", "training_curves", "memory_per_stage", "gradient_fidelity", "budget_gap")
 FORMATS = {"png": {"dpi": 150, "metadata": {"Software": None}}, "pdf": {"metadata": {"CreationDate": None}}}
 PIPELINED = ("delayed", "dsp", "petra")
 
@@ -275,24 +267,19 @@ def draw_all(
     costs_dir: str | Path,
     out_dir: str | Path,
     profile: str,
-    cyclic_dir: str | Path | None = None,
-    replicas_dir: str | Path | None = None,
-    populations_dir: str | Path | None = None,
-    acco_dir: str | Path | None = None,
+    studies_dir: str | Path = STUDIES_DIR,
+    study_dirs: dict[str, str | Path] | None = None,
 ) -> list[Path]:
+    """Draw ``FIGURES`` of the selected profile and every study's figures (``studies_dir``; a study
+    reads its declared results directory, or ``study_dirs[name]``) into ``out_dir``."""
     from ..reference import load_paper_reference
+    from ..workflow.studies import load_all
     from . import costs as costs_mod
-    from . import cyclic as cyclic_mod
-    from . import replicas as replicas_mod
     from . import results as results_mod
-    from .acco import acco_figure
-    from .population import population_figure
+    from . import studies as studies_mod
 
     style()
     frames = results_mod.load(results_dir)
-    rule_frames, rule_profile = (frames, profile) if replicas_dir is None else replicas_mod.load(replicas_dir)
-    pop_frames, pop_profile = (frames, profile) if populations_dir is None else replicas_mod.load(populations_dir)
-    acco_frames, acco_profile = (frames, profile) if acco_dir is None else replicas_mod.load(acco_dir)
     fallback = costs_mod.load(costs_dir)["fidelity"]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -303,9 +290,9 @@ def draw_all(
         "memory_per_stage": memory_per_stage(frames["memory"], profile),
         "gradient_fidelity": gradient_fidelity(frames["fidelity"], profile, fallback),
         "budget_gap": budget_gap(summary, frames["results"], profile, load_paper_reference()),
-        "replica_rules": replicas_mod.rule_curves(rule_frames["history"], rule_profile),
-        "cyclic": cyclic_mod.cyclic_figure(cyclic_mod.load(cyclic_dir)),
-        "populations": population_figure(pop_frames["summary"], pop_profile),
-        "acco": acco_figure(acco_frames, acco_profile),
     }
+    for name, fig in studies_mod.figures(load_all(studies_dir), study_dirs).items():
+        if name in figs:
+            raise ValueError(f"a study declares figure {name!r}, one of the profile's {list(FIGURES)}")
+        figs[name] = fig
     return [path for name, fig in figs.items() for path in save(fig, out_dir, name)]

@@ -1,10 +1,11 @@
 """Replica rules side by side (the ``cdp`` profile): each rule's top-1 against DP's at one budget.
 
 Read from the records only (``summary``, ``history``, ``results``) of one profile's results
-directory, ``results/cdp`` by default whatever profile the rest of the report renders: its CSVs are
-committed, so a clone renders the table and the curves without training. A profile applies when it
-varies ``replica_rule``; every model gets one row per rule, mean ± sd over seeds, and the gap to DP
-(± the spreads of both, added in quadrature).
+directory, ``results/cdp`` whatever profile the rest of the report renders (``workflow/studies/cdp.yaml``
+declares it; :func:`load` reads any profile study's records): its CSVs are committed, so a clone
+renders the table and the curves without training. A profile applies when it varies
+``replica_rule``; every model gets one row per rule, mean ± sd over seeds, and the gap to DP (± the
+spreads of both, added in quadrature).
 """
 
 from __future__ import annotations
@@ -14,19 +15,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..run.runio import REPLICA_FILES
+from ..workflow.studies import PROFILE_RECORDS
 from .budget import METRICS
 
 RULE_ORDER = ["dp", "cdp1", "cdp2"]
 RULE_LABELS = {"dp": "DP", "cdp1": "CDP1", "cdp2": "CDP2"}
 
 
-def load(replicas_dir: str | Path) -> tuple[dict[str, pd.DataFrame], str]:
-    """(frames, profile) of a results directory; empty frames where it has not been gathered yet."""
+def load(replicas_dir: str | Path, records: tuple[str, ...] = PROFILE_RECORDS) -> tuple[dict[str, pd.DataFrame], str]:
+    """(frames, profile) of a results directory; empty frames where ``records`` are not all gathered yet."""
     from . import results as results_mod
 
     replicas_dir = Path(replicas_dir)
-    if not all((replicas_dir / name).exists() for name in REPLICA_FILES):
+    if not all((replicas_dir / name).exists() for name in records):
         empty = pd.DataFrame()
         return {"summary": empty, "results": empty, "history": empty}, replicas_dir.name
     return results_mod.load(replicas_dir), replicas_dir.name

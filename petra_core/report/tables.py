@@ -14,29 +14,29 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from ..reference import load_paper_reference
+from ..workflow import studies
+from ..workflow.studies import STUDIES_DIR
 from . import labels
 from .budget import DRAWS, METRICS, MODEL, at_largest_budget, gap_frame, paper_point, trend, varies_budget
 from .labels import describe_runs
-from .replicas import rule_context
 
 TEMPLATES = Path(__file__).parent / "templates"
+# the paper's tables, rendered from the selected profile and the cost measurements; every other
+# table is a study's (workflow/studies/*.yaml, petra_core.report.studies)
 TABLES = {
     "table1_costs": "Table 1",
     "table2_accuracy": "Table 2",
     "table3_memory": "Table 3",
     "budget_gap": "the gap against training budget",
-    "replica_rules": "replica rules against DP",
-    "cyclic": "cyclic execution: memory, gradient traffic, devices",
-    "populations": "populations: members, ensemble, average, communication",
-    "acco": "ACCO against DDP, DPU and weight prediction",
 }
 FORMATS = ("md", "tex")
 QUANTITIES = ("activations", "params", "comm", "flops", "time")
 
 
-def environment() -> Environment:
+def environment(*extra: str | Path) -> Environment:
+    """Jinja2 over the report's templates; ``extra`` directories (a study's) are searched first."""
     env = Environment(
-        loader=FileSystemLoader(TEMPLATES),
+        loader=FileSystemLoader([*map(str, extra), str(TEMPLATES)]),
         undefined=StrictUndefined,
         autoescape=False,
         trim_blocks=True,
@@ -55,9 +55,10 @@ def environment() -> Environment:
     return env
 
 
-def render(name: str, fmt: str, context: dict) -> str:
-    """Render ``templates/{name}.{fmt}.j2`` (StrictUndefined: a missing value raises)."""
-    return environment().get_template(f"{name}.{fmt}.j2").render(**context)
+def render(name: str, fmt: str, context: dict, templates: str | Path | None = None) -> str:
+    """Render ``{name}.{fmt}.j2`` of ``templates`` or the report's (StrictUndefined: a missing value raises)."""
+    env = environment(*([templates] if templates else []))
+    return env.get_template(f"{name}.{fmt}.j2").render(**context)
 
 
 # ---- contexts -----------------------------------------------------------------------------------
@@ -384,29 +385,21 @@ def render_all(
     costs_dir: str | Path,
     out_dir: str | Path,
     profile: str,
-    cyclic_dir: str | Path | None = None,
-    replicas_dir: str | Path | None = None,
     gpu_dir: str | Path | None = None,
-    populations_dir: str | Path | None = None,
-    acco_dir: str | Path | None = None,
+    studies_dir: str | Path = STUDIES_DIR,
+    study_dirs: dict[str, str | Path] | None = None,
 ) -> list[Path]:
-    """Write every table of ``TABLES`` (``.md`` and ``.tex``) into ``out_dir``; returns the paths.
+    """Write the paper's tables (``TABLES``) and every study's (``studies_dir``), ``.md`` and
+    ``.tex``, into ``out_dir``; returns the paths.
 
-    The replica-rule table reads ``replicas_dir`` (a profile's results; ``results_dir`` when None);
-    Table 1's GPU section reads ``gpu_dir`` (``bench_gpu.py``'s files; none when None); the
-    population table ``populations_dir`` and the ACCO table ``acco_dir`` (each ``results_dir`` when None)."""
-    from . import acco as acco_mod
+    Table 1's GPU section reads ``gpu_dir`` (``bench_gpu.py``'s files; none when None); a study's
+    tables read its declared results directory, or ``study_dirs[name]``."""
     from . import costs as costs_mod
-    from . import cyclic as cyclic_mod
     from . import gpu as gpu_mod
-    from . import population as population_mod
-    from . import replicas as replicas_mod
     from . import results as results_mod
+    from . import studies as studies_mod
 
     frames = results_mod.load(results_dir)
-    rule_frames, rule_profile = (frames, profile) if replicas_dir is None else replicas_mod.load(replicas_dir)
-    pop_frames, pop_profile = (frames, profile) if populations_dir is None else replicas_mod.load(populations_dir)
-    acco_frames, acco_profile = (frames, profile) if acco_dir is None else replicas_mod.load(acco_dir)
     costs = costs_mod.load(costs_dir)
     reference = load_paper_reference()
     contexts = {
@@ -414,17 +407,18 @@ def render_all(
         "table2_accuracy": table2_context(frames, profile, reference),
         "table3_memory": table3_context(costs, frames, profile, reference),
         "budget_gap": budget_context(frames, profile, reference),
-        "replica_rules": rule_context(rule_frames, rule_profile),
-        "cyclic": cyclic_mod.cyclic_context(cyclic_mod.load(cyclic_dir)),
-        "populations": population_mod.population_context(pop_frames, pop_profile),
-        "acco": acco_mod.acco_context(acco_frames, acco_profile),
     }
+    templates = dict.fromkeys(contexts)
+    for name, (study, context) in studies_mod.contexts(studies.load_all(studies_dir), study_dirs).items():
+        if name in TABLES:
+            raise ValueError(f"study {study.name!r} declares table {name!r}, one of the paper's {sorted(TABLES)}")
+        contexts[name], templates[name] = context, study.templates
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, context in contexts.items():
         for fmt in FORMATS:
             path = out_dir / f"{name}.{fmt}"
-            path.write_text(render(name, fmt, context))
+            path.write_text(render(name, fmt, context, templates[name]))
             paths.append(path)
     return paths

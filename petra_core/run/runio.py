@@ -26,12 +26,8 @@ FIDELITY = "fidelity.csv"  # a run's gradient-fidelity log (fidelity_every > 0)
 # the measured cost tables (``petra costs``, accounting) that the report reads (results/costs/)
 CYCLIC_FILES = ("cyclic_profile.csv", "cyclic_summary.csv", "cyclic.json")  # petra cyclic
 COST_FILES = ("table1_per_stage.csv", "table1.csv", "network_costs.csv", "table3.csv", "fidelity.csv", "costs.json")
-# the profile whose gathered results the replica-rule table and figure compare, whatever profile
-# the rest of the report renders (committed, so a clone renders them without training)
-REPLICA_RESULTS = "results/cdp"
-REPLICA_FILES = ("summary.csv", "results.csv", "history.csv")
-POPULATION_RESULTS = "results/wash"  # the profile whose populations the population table compares
-ACCO_RESULTS = "results/acco"  # the profile whose runs the ACCO table and curves compare
+# where each study's records are (results/cdp, results/wash, ...): its declaration,
+# workflow/studies/NAME.yaml (petra_core.workflow.studies)
 GPU_RESULTS = "results/gpu"  # benchmarks/bench_gpu.py's files (<GPU>.json), Table 1's GPU section
 
 

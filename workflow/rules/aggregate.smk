@@ -37,18 +37,21 @@ rule costs:
         "petra costs --out {params.out:q} --settings {params.settings:q} > {log:q} 2>&1"
 
 
-rule cyclic:
-    """Cyclic execution measured in the simulator (Cyclic Data Parallelism against DP): activation
-    and gradient bytes of every time slot, their peaks and means over one step, and the devices
-    each schedule needs. Profile-independent and committed, like the costs (no input files)."""
-    output:
-        multiext(f"{CYCLIC}/", *CYCLIC_FILES),
-    conda:
-        "../envs/petra.yaml"
-    log:
-        "logs/cyclic.log",
-    params:
-        out=lambda wildcards, output: os.path.dirname(output[0]),
-    threads: 1
-    shell:
-        "petra cyclic --out {params.out:q} > {log:q} 2>&1"
+# a measured study's records (workflow/studies/NAME.yaml, `measure`): its command writes them, once;
+# committed, so a clone measures nothing (no input files: an existing output is never stale)
+for study in MEASURED:
+
+    rule:
+        name:
+            study.name
+        output:
+            multiext(f"{study.results}/", *study.records),
+        conda:
+            "../envs/petra.yaml"
+        log:
+            f"logs/{study.name}.log",
+        params:
+            command=study.measure_command(),
+        threads: 1
+        shell:
+            "{params.command} > {log:q} 2>&1"

@@ -1,5 +1,6 @@
 """Shared by every rule: the selected profile, its grid (petra_core.workflow.grid, never a hand-written
-path) and the targets of the pipeline."""
+path), the studies (workflow/studies/*.yaml, petra_core.workflow.studies: never a study's path
+written here) and the targets of the pipeline."""
 
 import json
 import os
@@ -7,13 +8,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from petra_core.workflow import grid
+from petra_core.workflow import grid, studies
 from petra_core.run.config import WATCH_KEYS
 from petra_core.reference import REFERENCE_FILE
 from petra_core.report.results import RESULT_FILES
 from petra_core.run import runio
-from petra_core.run.runio import (ACCO_RESULTS, COST_FILES, CYCLIC_FILES, GPU_RESULTS, POPULATION_RESULTS,
-                                  REPLICA_FILES, REPLICA_RESULTS)
+from petra_core.run.runio import COST_FILES, GPU_RESULTS
 
 # `petra` of the interpreter that runs Snakemake, also when its virtual environment is not active.
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
@@ -31,18 +31,26 @@ DATA_SOURCES = {c.dataset: c.data_source for c in CONFIGS.values() if c.dataset 
 RESULTS = f"results/{PROFILE}"
 REQUIRE_CLEAN_REVISION = str(config["require_clean_revision"]).lower() == "true"  # petra revision --check
 COSTS = "results/costs"
-CYCLIC = "results/cyclic"
-# the replica-rule table and curves compare the cdp profile's runs whatever PROFILE is: its results
-# are committed (and made by rule results when PROFILE is cdp); without them they say so
-REPLICAS = [f"{REPLICA_RESULTS}/{name}" for name in REPLICA_FILES]
-REPLICAS = REPLICAS if RESULTS == REPLICA_RESULTS or all(Path(f).exists() for f in REPLICAS) else []
-# the population table and figure compare the wash profile's runs: its results once gathered
-# (committed), or made by rule results when PROFILE is wash; until then they say so
-POPULATIONS = [f"{POPULATION_RESULTS}/{name}" for name in REPLICA_FILES]
-POPULATIONS = POPULATIONS if RESULTS == POPULATION_RESULTS or all(Path(f).exists() for f in POPULATIONS) else []
-# the ACCO table and curves compare the acco profile's runs, the same way
-ACCO = [f"{ACCO_RESULTS}/{name}" for name in REPLICA_FILES]
-ACCO = ACCO if RESULTS == ACCO_RESULTS or all(Path(f).exists() for f in ACCO) else []
+STUDIES_DIR = config["studies_dir"]
+STUDIES = studies.load_all(STUDIES_DIR)
+MEASURED = [study for study in STUDIES if study.measured]  # a rule each, named after the study (aggregate.smk)
+
+
+def study_records(study):
+    """What a study's tables and figures read: a measured study's records (its rule makes them); a
+    profile study's results when PROFILE is its profile (rule results makes them) or once gathered
+    (committed), whatever PROFILE is; until then none, and its table says so."""
+    paths = study.record_paths()
+    if study.measured or study.results == RESULTS or all(Path(p).exists() for p in paths):
+        return paths
+    return []
+
+
+STUDY_RECORDS = [path for study in STUDIES if study.renders for path in study_records(study)]
+STUDY_FILES = sorted(
+    {str(p) for p in Path(STUDIES_DIR).glob("*.yaml")}
+    | {str(p) for study in STUDIES if study.templates for p in Path(study.templates).glob("*.j2")}
+)
 # GPU measurements (benchmarks/bench_gpu.py), committed when a GPU was lent: Table 1 renders them
 GPU_FILES = sorted(str(path) for path in Path(GPU_RESULTS).glob("*.json"))
 # Outputs of a run: small records committed to git (checkpoint.pt is DVC's). config.yaml and
@@ -53,7 +61,8 @@ GPU_FILES = sorted(str(path) for path in Path(GPU_RESULTS).glob("*.json"))
 RECORDS = (runio.METRICS, runio.ENV)
 REFERENCE = os.path.relpath(REFERENCE_FILE)
 TEMPLATES = sorted(str(path) for path in Path("petra_core/report/templates").glob("*.j2"))
-REPORT_CODE = sorted(str(path) for path in Path("petra_core/report").glob("*.py"))  # renders follow the code
+# renders follow the code, and the registry that says which studies they render
+REPORT_CODE = sorted([*(str(path) for path in Path("petra_core/report").glob("*.py")), "petra_core/workflow/studies.py"])
 
 
 wildcard_constraints:

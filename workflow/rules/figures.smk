@@ -1,18 +1,15 @@
 rule figures:
     """Figures of the selected profile (PNG and PDF): fig4_accumulation, training_curves,
-    memory_per_stage, gradient_fidelity, budget_gap; and replica_rules (the cdp profile's runs,
-    results/cdp), populations (the wash profile's, results/wash), acco (the acco profile's, results/acco) and
-    cyclic (results/cyclic)."""
+    memory_per_stage, gradient_fidelity, budget_gap; and every study's figures (workflow/studies/*.yaml:
+    replica_rules, populations, acco, cyclic), from its own records."""
     input:
         summary=f"{RESULTS}/summary.csv",
         history=f"{RESULTS}/history.csv",
         memory=f"{RESULTS}/memory.csv",
         fidelity=f"{RESULTS}/fidelity.csv",
         costs=rules.costs.output,
-        cyclic=rules.cyclic.output,
-        replicas=REPLICAS,
-        populations=POPULATIONS,
-        acco=ACCO,
+        studies=STUDY_RECORDS,
+        declarations=STUDY_FILES,
         code=REPORT_CODE,
     output:
         report(
@@ -27,11 +24,8 @@ rule figures:
         f"logs/{PROFILE}/figures.log",
     params:
         profile=PROFILE,
+        studies=lambda wildcards, input: os.path.dirname(input.declarations[0]) if input.declarations else STUDIES_DIR,
         results=lambda wildcards, input: os.path.dirname(input.summary),
         costs=lambda wildcards, input: os.path.dirname(input.costs[0]),
-        cyclic=lambda wildcards, input: os.path.dirname(input.cyclic[0]),
-        replicas=REPLICA_RESULTS,
-        populations=POPULATION_RESULTS,
-        acco=ACCO_RESULTS,
     shell:
-        "petra figures --results {params.results:q} --costs {params.costs:q} --cyclic {params.cyclic:q} --replicas {params.replicas:q} --populations {params.populations:q} --acco {params.acco:q} --out {output:q} > {log:q} 2>&1"
+        "petra figures --results {params.results:q} --costs {params.costs:q} --studies {params.studies:q} --out {output:q} > {log:q} 2>&1"
