@@ -41,8 +41,3 @@ def frozen_running_stats(module: nn.Module) -> Iterator[None]:
     finally:
         for m in norms:
             m.track_running_stats = True
-
-
-def batches_tracked(module: nn.Module) -> list[int]:
-    """num_batches_tracked of every batch-norm layer (tests check one update per minibatch)."""
-    return [int(m.num_batches_tracked) for m in module.modules() if isinstance(m, _BatchNorm)]

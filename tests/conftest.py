@@ -8,8 +8,11 @@
 
 import pytest
 import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from petra_core import METHODS, build_model
+from petra_core.engine.observers import Observer
 from petra_core.run.verify import TIMING  # the wall-clock keys of a record (differ run to run)
 
 
@@ -72,3 +75,19 @@ def whole_and_resumed(config, tmp_path, signal_at="0:11:SIGINT"):
     assert main(["train", *config, "--run-dir", str(cut), "--fault-at", signal_at]) == 130
     assert main(["train", *config, "--run-dir", str(cut)]) == 0
     return whole, cut
+
+
+class BeforeStep(Observer):
+    """Calls ``fn(worker)`` right before each optimizer step, with the gradient about to be applied."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def before(self, phase: str, worker, mb: int | None) -> None:
+        if phase == "step":
+            self.fn(worker)
+
+
+def batches_tracked(module: nn.Module) -> list[int]:
+    """num_batches_tracked of every batch-norm layer (one update per minibatch is checked)."""
+    return [int(m.num_batches_tracked) for m in module.modules() if isinstance(m, _BatchNorm)]

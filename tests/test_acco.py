@@ -19,10 +19,9 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import argv, make_batches, make_model, tiny_run, untimed, whole_and_resumed
+from conftest import BeforeStep, argv, make_batches, make_model, tiny_run, untimed, whole_and_resumed
 
 from petra_core import Recipe, Simulator
-from petra_core.engine.observers import BeforeStep
 from petra_core.optim import make_optimizer, param_groups
 from petra_core.replicas import get_rule
 from petra_core.replicas.sharded import FlatLayout, ShardedOptimizer

@@ -15,13 +15,12 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import argv, make_batches, make_model, tiny_run, untimed, whole_and_resumed
+from conftest import BeforeStep, argv, make_batches, make_model, tiny_run, untimed, whole_and_resumed
 from harness.compare import assert_bit_for_bit, check_outcome, simulator_state
 from harness.ranks import RANKS
 
 from petra_core import Recipe, Simulator
 from petra_core.engine.launch import launch_local
-from petra_core.engine.observers import BeforeStep
 from petra_core.optim import make_optimizer
 from petra_core.replicas import CDP2, get_rule
 from petra_core.run.config import ConfigError, RunConfig

@@ -11,13 +11,13 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import BeforeStep
 from torch import nn
 
 from petra_core import Recipe, Simulator, build_model, simulate
 from petra_core.accounting.shapes import stage_shapes
 from petra_core.engine import HeadLog, HeadRecord
 from petra_core.engine.assembly import build_workers
-from petra_core.engine.observers import BeforeStep
 from petra_core.families import IMAGES, ModelFamily, build, family_of, register_family, registry
 from petra_core.models import StagedModel
 from petra_core.models.stage import Stage

@@ -21,12 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_batches, make_model
+from conftest import BeforeStep, make_batches, make_model
 from torch.overrides import TorchFunctionMode
 
 from petra_core import METHODS, Pipeline, Recipe, Simulator, build_model
 from petra_core.engine import LocalWorld, assemble
-from petra_core.engine.observers import BeforeStep
 
 CUDA = torch.cuda.is_available()
 GPUS = torch.cuda.device_count() if CUDA else 0

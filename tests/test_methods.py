@@ -6,12 +6,12 @@ import io
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_batches, make_model
+from conftest import BeforeStep, batches_tracked, make_batches, make_model
 
 from petra_core import METHODS, Pipeline, Recipe, Simulator, simulate
-from petra_core.batchnorm import batches_tracked, frozen_running_stats
+from petra_core.batchnorm import frozen_running_stats
 from petra_core.engine import LocalWorld, assemble
-from petra_core.engine.observers import BeforeStep, Observer
+from petra_core.engine.observers import Observer
 from petra_core.methods import Reconstruct
 from petra_core.models import streams
 

@@ -32,17 +32,6 @@ class Observer:
         pass
 
 
-class BeforeStep(Observer):
-    """Calls ``fn(worker)`` right before each optimizer step, with the gradient about to be applied."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def before(self, phase: str, worker, mb: int | None) -> None:
-        if phase == "step":
-            self.fn(worker)
-
-
 def observed(observers: Sequence[Observer], phase: str, worker, mb: int | None, fn, *args):
     """``fn(*args)`` between every observer's ``before`` and ``after`` of ``phase``."""
     for o in observers:
