@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from ..accounting import measure_stage_costs
 from ..data import DataError, Prefetcher, build_data
 from ..engine import LocalWorld, Pipeline, assemble
 from ..engine.placement import format_placement
+from ..engine.stage_costs import measure_stage_costs
 from ..models import build_model
 from ..optim import Recipe
 from ..replicas import get_rule

@@ -322,7 +322,7 @@ class FidelityLog:
         if every and sim.schedule.kind == "pipelined":
             import pandas as pd
 
-            from ..accounting import track_fidelity
+            from ..engine.fidelity import track_fidelity
 
             self.tracker = track_fidelity(sim, every=every)
             try:  # what a resumed run had written (a file without a row yet has no header either)

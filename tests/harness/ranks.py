@@ -21,12 +21,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from petra_core.accounting import measure_stage_costs
 from petra_core.engine.assembly import GetBatch
 from petra_core.engine.distributed import DEFAULT_TIMEOUT, DistributedPipeline, PipelineError
 from petra_core.engine.launch import fail, init_distributed, launch_local
 from petra_core.engine.observers import Observer
 from petra_core.engine.placement import format_placement, format_stages
+from petra_core.engine.stage_costs import measure_stage_costs
 from petra_core.models import StagedModel
 from petra_core.optim import Recipe
 from petra_core.replicas import get_rule
