@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..data import DataError, Prefetcher, build_data
-from ..engine import LocalWorld, Pipeline, assemble
+from ..engine import LocalWorld, Pipeline, PipelineSpec
 from ..engine.placement import format_placement
 from ..engine.stage_costs import measure_stage_costs
 from ..models import build_model
@@ -171,21 +171,21 @@ class Session:
             )
 
         self.pipe: Pipeline = self.together(
-            lambda: Pipeline(
-                **assemble(
-                    self.model,
-                    cfg.method,
-                    world,
+            lambda: Pipeline.build(
+                PipelineSpec(
+                    model=self.model,
+                    method=cfg.method,
+                    recipe=recipe_of(cfg),
+                    precision=cfg.precision,
                     num_batches=cfg.epochs * self.batches_per_epoch,
+                    k=cfg.k,
+                    rule=get_rule(cfg.replica_rule, stages=cfg.rule_stages, options=cfg.rule_options, seed=cfg.seed),
+                    world=world,
                     get_batch=get_batch if world.position == 0 else None,
                     batch_size=cfg.batch_size,
-                    k=cfg.k,
-                    recipe=recipe_of(cfg),
                     batches_per_epoch=self.batches_per_epoch,
                     placement=placement,
                     measure=measure_stage_costs,
-                    rule=get_rule(cfg.replica_rule, stages=cfg.rule_stages, options=cfg.rule_options, seed=cfg.seed),
-                    precision=cfg.precision,
                 )
             )
         )

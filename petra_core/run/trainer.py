@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from ..data import DataError
+from ..engine.host_memory import retain_freed_memory
 from ..precision import set_numerics
 from . import runio
 from .config import ConfigError, RunConfig, check_same_run
@@ -97,12 +98,14 @@ def train(
         log(f"{run_dir}: already finished")
         return runio.read_json(run_dir / runio.METRICS)
     device = setup_runtime(cfg)
+    # every tick frees and reallocates the same activation-sized host buffers (host_memory.py)
+    host_malloc = "retain" if retain_freed_memory() else "system"
     rt = Session(
         cfg, run_dir, device, checkpoint_dir=checkpoint_dir, on_start=None if on_tick is None else lambda: on_tick(-1)
     )
     ok = False
     try:
-        metrics = Trainer(rt, cfg, run_dir, on_tick, log, until_epoch=until_epoch).run()
+        metrics = Trainer(rt, cfg, run_dir, on_tick, log, until_epoch=until_epoch, host_malloc=host_malloc).run()
         ok = True
         return metrics
     except (Interrupted, Diverged, ConfigError, DataError):  # raised by every rank together
@@ -122,10 +125,19 @@ class Trainer:
     distributed run runs the same phases at the same ticks (the collectives keep them in step)."""
 
     def __init__(
-        self, session: Session, cfg: RunConfig, run_dir: Path, on_tick=None, log=print, until_epoch: int | None = None
+        self,
+        session: Session,
+        cfg: RunConfig,
+        run_dir: Path,
+        on_tick=None,
+        log=print,
+        *,
+        until_epoch: int | None = None,
+        host_malloc: str = "system",
     ):
         self.rt, self.cfg, self.run_dir, self.on_tick, self.log = session, cfg, run_dir, on_tick, log
         self.until_epoch = until_epoch
+        self.host_malloc = host_malloc  # what retain_freed_memory() set: "retain" or "system" (env.json)
         self.pipe = session.pipe
         self.B, self.G = session.batches_per_epoch, session.stream_batches_per_epoch  # per replica; the stream's
         self.epoch_end = {self.pipe.schedule.backward_tick((e + 1) * self.B - 1, 0): e for e in range(cfg.epochs)}
@@ -155,7 +167,8 @@ class Trainer:
     def write_run_files(self) -> None:
         def write():
             runio.write_yaml(self.run_dir / runio.CONFIG, self.cfg.to_dict())
-            runio.write_json(self.run_dir / runio.ENV, {**runio.environment(self.cfg.device), **self.rt.environment()})
+            env = {**runio.environment(self.cfg.device), **self.rt.environment(), "host_malloc": self.host_malloc}
+            runio.write_json(self.run_dir / runio.ENV, env)
 
         self.rt.on_main(write)
 

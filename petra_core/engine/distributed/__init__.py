@@ -2,21 +2,19 @@
 
 ``world`` (:class:`DistributedWorld`: this rank, its transport, the run's collectives, failure
 reports), ``transport`` (stage messages point to point), ``wire`` (their format), ``failures``
-(:class:`PipelineError`, the shared failure key, heartbeats), ``pipeline``
-(:class:`DistributedPipeline`: the one runner in a distributed world). Processes are started and
-joined by ``petra_core.engine.launch``; ``petra train ... runtime=distributed`` under torchrun is the
+(:class:`PipelineError`, the shared failure key, heartbeats). A rank's pipeline is the one runner
+built in its world, ``Pipeline.build(PipelineSpec(world=DistributedWorld(...), ...))``. Processes
+are started and joined by ``petra_core.engine.launch``; ``petra train ... runtime=distributed`` under torchrun is the
 training entry point. See docs/distributed.md.
 """
 
 from .failures import DEFAULT_TIMEOUT, FAILURE_KEY, FailureWatch, PipelineError
-from .pipeline import DistributedPipeline
 from .transport import DistributedTransport, TransportStats
 from .world import DistributedWorld, model_fingerprint
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "FAILURE_KEY",
-    "DistributedPipeline",
     "DistributedTransport",
     "DistributedWorld",
     "FailureWatch",
