@@ -185,7 +185,7 @@ class Session:
             placement=self.manifest["placement"] if self.manifest else plan.placement,
             measure=measure_stage_costs,
         )
-        self.pipe: Pipeline = self.together(lambda: Pipeline.build(spec))
+        self.pipe: Pipeline = self.together(functools.partial(Pipeline.build, spec))
 
     # ---- keeping ranks in step (trivial in one process) ------------------------------------------
     def together(self, fn):

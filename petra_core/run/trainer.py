@@ -15,8 +15,8 @@ checkpoint at the same tick. With R replicas an epoch is the stream's B // R · 
 B // R for each replica; the history counts the stream's.
 
 The config travels one way: :func:`train` checks it against the run directory and the checkpoint
-(``checkpoints.py``), reads everything the session needs into a :class:`~.session.SessionPlan`
-(:func:`session_plan`), makes the :class:`Trainer`, and only then builds the session, top-down,
+(``checkpoints.py``), makes the :class:`Trainer`, reads everything the session needs into a
+:class:`~.session.SessionPlan` (:func:`session_plan`) and only then builds the session, top-down,
 from the plan; nothing below calls back up with the config.
 """
 
@@ -86,6 +86,9 @@ def session_plan(cfg: RunConfig) -> SessionPlan:
     """Everything the run's session is made of, read from its config once (the session never sees it)."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda' but no CUDA device is visible; allowed here: cpu")
+    recipe = recipe_of(cfg)
+    rule = get_rule(cfg.replica_rule, stages=cfg.rule_stages, options=cfg.rule_options, seed=cfg.seed)
+    data = data_arguments(cfg)
     return SessionPlan(
         runtime=cfg.runtime,
         device=torch.device(cfg.device),
@@ -94,7 +97,7 @@ def session_plan(cfg: RunConfig) -> SessionPlan:
         deterministic=cfg.deterministic,
         dist_timeout=cfg.dist_timeout,
         replicas=cfg.replicas,
-        data=data_arguments(cfg),
+        data=data,
         model=dict(arch=cfg.arch, width=cfg.width, aux_head=cfg.aux_head),
         seed=cfg.seed,
         channels_last=cfg.channels_last,
@@ -103,8 +106,8 @@ def session_plan(cfg: RunConfig) -> SessionPlan:
         method=cfg.method,
         k=cfg.k,
         batch_size=cfg.batch_size,
-        recipe=recipe_of(cfg),
-        rule=get_rule(cfg.replica_rule, stages=cfg.rule_stages, options=cfg.rule_options, seed=cfg.seed),
+        recipe=recipe,
+        rule=rule,
         placement=cfg.placement,
     )
 
@@ -150,12 +153,12 @@ def train(
     if (run_dir / runio.METRICS).exists():
         log(f"{run_dir}: already finished")
         return runio.read_json(run_dir / runio.METRICS)
-    plan = session_plan(cfg)
     checkpoints = Checkpoints(Path(checkpoint_dir) if checkpoint_dir is not None else run_dir, cfg)
     manifest = checkpoints.read_manifest()  # before any process waits for another: all read it alike
     # every tick frees and reallocates the same activation-sized host buffers (host_memory.py)
     host_malloc = "retain" if retain_freed_memory() else "system"
     trainer = Trainer(cfg, run_dir, on_tick, log, until_epoch=until_epoch, host_malloc=host_malloc)
+    plan = session_plan(cfg)
     rt = Session(plan, checkpoints, manifest, on_start=None if on_tick is None else lambda: on_tick(-1))
     ok = False
     try:
