@@ -92,18 +92,9 @@ class Session:
     def __init__(self, plan: SessionPlan, checkpoints: Checkpoints, manifest: dict | None, *, on_start=None):
         self.plan, self.checkpoints, self.manifest = plan, checkpoints, manifest
         self.checkpoint_path = checkpoints.path
-        self.pipe, self.data, self.prefetcher = None, None, None
-        if plan.threads:
-            torch.set_num_threads(plan.threads)
-        set_numerics(plan.precision, plan.deterministic)  # TF32 flags, deterministic algorithms, cuDNN benchmark
-        self.world = self._join(plan)
-        self.is_main = self.world.is_main
-        if self.is_main and checkpoints.warning:
-            print(f"petra: warning: {checkpoints.warning}", file=sys.stderr)
+        self.world, self.pipe, self.data, self.prefetcher = None, None, None, None
         try:
-            if on_start is not None:
-                on_start()
-            self._build(plan)
+            self._build(plan, on_start)
         except USER_ERRORS:
             self.close()
             raise
@@ -114,33 +105,44 @@ class Session:
 
     @staticmethod
     def _join(plan: SessionPlan):
-        """This process's world: every replica here, or this rank's cell of the mesh (joined from
-        torchrun's environment)."""
-        if plan.runtime != "distributed":
-            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-                raise ConfigError(
-                    f"runtime=simulator in a launch of {os.environ['WORLD_SIZE']} processes "
-                    f"(WORLD_SIZE); add runtime=distributed, or run it as one process"
-                )
-            return LocalWorld(devices=local_devices(plan.device), replicas=plan.replicas)
-        from ..engine.distributed import DistributedWorld
-        from ..engine.launch import init_distributed
-
-        if "WORLD_SIZE" not in os.environ:
+        """This process's numerics and world: every replica here, or this rank's cell of the mesh
+        (joined from torchrun's environment)."""
+        distributed, size = plan.runtime == "distributed", os.environ.get("WORLD_SIZE")
+        if distributed and size is None:
             raise ConfigError(
                 "runtime=distributed runs one process per rank: launch it with torchrun, "
                 "e.g. " + torchrun_command(["CONFIG...", "runtime=distributed"])
             )
+        if not distributed and int(size or 1) > 1:
+            raise ConfigError(
+                f"runtime=simulator in a launch of {size} processes (WORLD_SIZE); add runtime=distributed, "
+                f"or run it as one process"
+            )
+        devices = None if distributed else local_devices(plan.device)
+        if plan.threads:
+            torch.set_num_threads(plan.threads)
+        set_numerics(plan.precision, plan.deterministic)  # TF32 flags, deterministic algorithms, cuDNN benchmark
+        if not distributed:
+            return LocalWorld(devices=devices, replicas=plan.replicas)
+        from ..engine.distributed import DistributedWorld
+        from ..engine.launch import init_distributed
+
         device = init_distributed(timeout=plan.dist_timeout, device=plan.device)
         try:
             return DistributedWorld(device, timeout=plan.dist_timeout, replicas=plan.replicas)
         except ValueError as err:  # replicas that do not divide the ranks: the world says so, in one line
             raise ConfigError(str(err)) from None
 
-    def _build(self, plan: SessionPlan) -> None:
-        """Data (read where a replica's stage 0 lives, and on rank 0, which evaluates), model (every
-        rank the same, from the seed), then the pipeline of them."""
-        world, R = self.world, plan.replicas
+    def _build(self, plan: SessionPlan, on_start) -> None:
+        """The world, then the data (read where a replica's stage 0 lives, and on rank 0, which
+        evaluates), the model (every rank the same, from the seed) and the pipeline of them: one
+        pass down, nothing below calls back into the session."""
+        self.world = world = self._join(plan)
+        self.is_main, R = world.is_main, plan.replicas
+        if self.is_main and self.checkpoints.warning:
+            print(f"petra: warning: {self.checkpoints.warning}", file=sys.stderr)
+        if on_start is not None:
+            on_start()
         self.checkpoints.check_launch(self.manifest, world.world_size)  # it fixes the ranks and the placement
         reads_data = self.is_main or world.position == 0
         self.data = self.together(functools.partial(build_data, **plan.data) if reads_data else lambda: None)
@@ -274,7 +276,7 @@ class Session:
         """Make the other ranks stop (they may be waiting for this one)."""
         from ..engine.distributed.failures import PipelineError, short
 
-        if self.world.world_size > 1 and not isinstance(err, PipelineError):
+        if self.world is not None and self.world.world_size > 1 and not isinstance(err, PipelineError):
             self.world.report(f"petra: rank {self.world.rank} failed: {type(err).__name__}: {short(err)}")
 
     def close(self, ok: bool = True) -> None:
@@ -283,4 +285,5 @@ class Session:
             self.pipe.close()
         if self.prefetcher is not None:
             self.prefetcher.close()
-        self.world.leave(ok)
+        if self.world is not None:  # None: it failed before it joined a world
+            self.world.leave(ok)
