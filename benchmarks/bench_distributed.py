@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from harness.ranks import RANKS, demo_setup  # noqa: E402
 from harness.ranks import parser as demo_parser
 
+from petra_core.engine.host_memory import retain_freed_memory  # noqa: E402
 from petra_core.engine.launch import launch_local  # noqa: E402
 
 
@@ -50,6 +51,7 @@ def single_process(argv: list[str], threads: int | None, device: str, warmup: in
     args = demo_parser().parse_args(argv)
     if threads:
         torch.set_num_threads(threads)
+    retain_freed_memory()  # as a run and the ranks do (host_memory.py)
     model, get_batch, recipe = demo_setup(args)
     model.to(device)
 

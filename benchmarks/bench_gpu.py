@@ -39,7 +39,8 @@ from pathlib import Path
 import torch
 
 from petra_core import METHODS, Pipeline, Recipe, build_model
-from petra_core.engine import LocalWorld, assemble
+from petra_core.engine import LocalWorld, PipelineSpec
+from petra_core.engine.host_memory import retain_freed_memory
 from petra_core.engine.observers import Observer
 from petra_core.precision import set_numerics
 
@@ -137,11 +138,11 @@ def measure(
     fill = 2 * (J - 1) + 1 if per == 1 else 1
     peak_ticks = per  # one minibatch's worth, after the timed ones
     n = fill + timed + 2 * J + 2  # minibatches: enough that the timed and peak ticks are all steady
-    pipe = Pipeline(
-        **assemble(
-            model,
-            method,
-            LocalWorld(devices=devices if cuda else None),
+    pipe = Pipeline.build(
+        PipelineSpec(
+            model=model,
+            method=method,
+            world=LocalWorld(devices=devices if cuda else None),
             num_batches=n,
             get_batch=lambda mb: (x, y),
             batch_size=batch,
@@ -248,6 +249,7 @@ def main(argv=None) -> dict:
     p.add_argument("--inject-oom", default="", help="methods whose rows raise an out-of-memory (tests)")
     p.add_argument("--out", default="results/gpu", help="directory for the JSON")
     args = p.parse_args(argv)
+    retain_freed_memory()  # as a run does (host_memory.py)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_gpu: no CUDA device visible (use --device cpu --quick to smoke-test the script)")
     bad = [x for x in args.settings.split(",") if x not in SETTINGS]

@@ -27,8 +27,10 @@ def measure(args) -> dict:
     import torch
 
     from petra_core import Recipe, Simulator, build_model
+    from petra_core.engine.host_memory import retain_freed_memory
 
     torch.set_num_threads(args.threads)
+    retain_freed_memory()  # as a run does (host_memory.py)
     torch.manual_seed(0)
     model = build_model(args.arch, num_classes=10, width=args.width)
     x = torch.randn(args.batch, 3, 32, 32)

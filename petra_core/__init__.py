@@ -2,8 +2,9 @@
 
 Floors, bottom up (an import never runs back up a floor):
 models (stages) and model families (what a model is trained on) -> methods (storage policies)
-and schedule -> engine (stage worker, the one tick runner, its worlds) -> accounting (observes
-the engine) -> data, config, grid -> train, runtime -> report (reads run records only) -> cli.
+and schedule -> engine (stage worker, the one tick runner, its worlds, what a run measures of
+itself) -> accounting (observes the engine) -> data, config, grid -> train, runtime (which never
+import the accounting) -> report (reads run records only) -> cli.
 
 The names below are loaded on first use, so ``import petra_core.report`` (or any other floor)
 does not pull in the engine.

@@ -14,8 +14,8 @@ from petra_core.accounting import (
     stage_shapes,
     table1,
     table3,
-    track_fidelity,
 )
+from petra_core.engine.fidelity import track_fidelity
 from petra_core.reference import evaluate_formula, load_reference
 
 TINY_PER_STAGE = dict(stem="cifar", image_size=8, batch=2, width=4, num_classes=5, num_batches=2)  # per_stage's setup

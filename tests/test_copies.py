@@ -10,7 +10,7 @@ from conftest import make_model
 from torch import Tensor
 
 from petra_core import Pipeline, Recipe
-from petra_core.engine import LocalWorld, assemble
+from petra_core.engine import LocalWorld, PipelineSpec
 from petra_core.engine.copies import DeviceCopies
 from petra_core.engine.messages import BackwardMsg, ForwardMsg
 from petra_core.engine.observers import Observer
@@ -135,11 +135,11 @@ def test_labels_stay_on_the_host_until_the_head_takes_them():
     from the host to the head's device directly, never through stage 0's device."""
     model = make_model()
     x, y = torch.randn(2, 3, 16, 16), torch.randint(0, 5, (2,))
-    pipe = Pipeline(
-        **assemble(
-            model,
-            "petra",
-            LocalWorld(devices=[torch.device("meta")]),
+    pipe = Pipeline.build(
+        PipelineSpec(
+            model=model,
+            method="petra",
+            world=LocalWorld(devices=[torch.device("meta")]),
             num_batches=4,
             get_batch=lambda mb: (x, y),
             batch_size=2,

@@ -16,8 +16,7 @@ from torch import nn
 
 from petra_core import Recipe, Simulator, build_model, simulate
 from petra_core.accounting.shapes import stage_shapes
-from petra_core.engine import HeadLog, HeadRecord
-from petra_core.engine.assembly import build_workers
+from petra_core.engine import HeadLog, HeadRecord, LocalWorld, Pipeline, PipelineSpec
 from petra_core.families import IMAGES, ModelFamily, build, family_of, register_family, registry
 from petra_core.models import StagedModel
 from petra_core.models.stage import Stage
@@ -214,7 +213,15 @@ def test_unknown_archs_and_clashing_families_are_refused():
 def test_a_head_without_an_objective_is_refused():
     stages = [Layer(DIM, OUT, False, "S"), Layer(OUT, OUT, False, "H")]
     with pytest.raises(ValueError, match=r"the last stage \(Layer\) has no objective"):
-        build_workers(StagedModel("bare", stages), "backprop", batch_size=4, batches_per_epoch=1)
+        spec = PipelineSpec(
+            model=StagedModel("bare", stages),
+            method="backprop",
+            world=LocalWorld(),
+            num_batches=1,
+            batch_size=4,
+            get_batch=lambda mb: (torch.zeros(4, DIM), torch.zeros(4)),
+        )
+        Pipeline.build(spec)
 
 
 def test_the_image_family_keeps_the_engine_loss_bits():

@@ -25,7 +25,7 @@ from conftest import BeforeStep, make_batches, make_model
 from torch.overrides import TorchFunctionMode
 
 from petra_core import METHODS, Pipeline, Recipe, Simulator, build_model
-from petra_core.engine import LocalWorld, assemble
+from petra_core.engine import LocalWorld, PipelineSpec
 
 CUDA = torch.cuda.is_available()
 GPUS = torch.cuda.device_count() if CUDA else 0
@@ -153,11 +153,11 @@ def test_no_host_sync_inside_a_cuda_tick():
 def pipeline_on(devices, width=64, size=32, batch=64, n=60):
     data = [(x.pin_memory(), y.pin_memory()) for x, y in make_batches(n, batch=batch, size=size)]
     model = build_model("revnet18", num_classes=10, width=width)
-    return Pipeline(
-        **assemble(
-            model,
-            "petra",
-            LocalWorld(devices=devices),
+    return Pipeline.build(
+        PipelineSpec(
+            model=model,
+            method="petra",
+            world=LocalWorld(devices=devices),
             num_batches=n,
             get_batch=data.__getitem__,
             batch_size=batch,

@@ -13,13 +13,13 @@ import sys
 import torch
 from petra_core import Recipe, build_model, simulate
 from petra_core.engine import host_memory
+print(host_memory.retain_freed_memory())  # as a run does, before its pipeline (the engine never calls it)
 torch.manual_seed(0)
 model = build_model("revnet18", num_classes=10, width=4)
 g = torch.Generator().manual_seed(1)
 batches = [(torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g)) for _ in range(6)]
 simulate(model, "petra", batches, recipe=Recipe(base_lr=0.05))
 torch.save(model.state_dict(), sys.argv[1])
-print(host_memory.retain_freed_memory())
 """
 
 

@@ -10,7 +10,7 @@ from conftest import BeforeStep, batches_tracked, make_batches, make_model
 
 from petra_core import METHODS, Pipeline, Recipe, Simulator, simulate
 from petra_core.batchnorm import frozen_running_stats
-from petra_core.engine import LocalWorld, assemble
+from petra_core.engine import LocalWorld, PipelineSpec
 from petra_core.engine.observers import Observer
 from petra_core.methods import Reconstruct
 from petra_core.models import streams
@@ -240,18 +240,18 @@ def test_every_method_runs_a_whole_schedule_on_the_meta_device(method, replicas)
     bool(tensor)) raises, so a whole schedule (fill, steady state, steps through the replica
     rule, the final drain) that completes on meta never waited for a device."""
     from petra_core import Pipeline
-    from petra_core.engine import LocalWorld, assemble
+    from petra_core.engine import LocalWorld, PipelineSpec
 
     model = make_model(method=method)
     x = torch.empty(2, 3, 16, 16, device="meta")
     y = torch.empty(2, dtype=torch.long, device="meta")
     # past the fill, into the steady state (where weights move in flight)
     n = 2 if METHODS[method].schedule.fixed_weights_in_flight else 2 * len(model)
-    pipe = Pipeline(
-        **assemble(
-            model,
-            method,
-            LocalWorld(devices=[torch.device("meta")], replicas=replicas),
+    pipe = Pipeline.build(
+        PipelineSpec(
+            model=model,
+            method=method,
+            world=LocalWorld(devices=[torch.device("meta")], replicas=replicas),
             num_batches=n,
             get_batch=lambda mb: (x, y),
             batch_size=2,
@@ -296,11 +296,11 @@ def _train(method, arch, n, k, *, observe=False, precision="fp32", channels_last
         batches = [(x.contiguous(memory_format=torch.channels_last), y) for x, y in batches]
 
     def pipeline(model):
-        pipe = Pipeline(
-            **assemble(
-                model,
-                method,
-                LocalWorld(),
+        pipe = Pipeline.build(
+            PipelineSpec(
+                model=model,
+                method=method,
+                world=LocalWorld(),
                 num_batches=n,
                 get_batch=batches.__getitem__,
                 batch_size=6,
@@ -357,9 +357,15 @@ def test_joined_graphs_give_the_bits_of_a_graph_per_stage(arch, k, precision, ch
 @pytest.mark.parametrize("method", ["delayed", "petra", "revbackprop", "local", "gpipe", "1f1b"])
 def test_only_graphs_of_the_live_weights_under_a_sequential_schedule_join(method):
     model = make_model(method=method)
-    pipe = Pipeline(
-        **assemble(
-            model, method, LocalWorld(), num_batches=1, get_batch=make_batches(1).__getitem__, batch_size=6, recipe=LR
+    pipe = Pipeline.build(
+        PipelineSpec(
+            model=model,
+            method=method,
+            world=LocalWorld(),
+            num_batches=1,
+            get_batch=make_batches(1).__getitem__,
+            batch_size=6,
+            recipe=LR,
         )
     )
     expected = [

@@ -10,7 +10,7 @@ import torch
 from conftest import make_batches, make_model, tiny_run
 
 from petra_core import METHODS, Pipeline, Recipe
-from petra_core.engine import LocalWorld, assemble
+from petra_core.engine import LocalWorld, PipelineSpec
 from petra_core.engine.observers import Observer
 from petra_core.models import streams
 from petra_core.precision import numerics, set_numerics
@@ -31,11 +31,11 @@ class SentDtypes(Observer):
 def train_pipe(method, precision, n=6):
     model = make_model(method=method)
     batches = make_batches(n)
-    pipe = Pipeline(
-        **assemble(
-            model,
-            method,
-            LocalWorld(),
+    pipe = Pipeline.build(
+        PipelineSpec(
+            model=model,
+            method=method,
+            world=LocalWorld(),
             num_batches=n,
             get_batch=lambda mb: batches[mb],
             batch_size=6,
@@ -74,9 +74,15 @@ def test_fp32_is_the_default_and_changes_no_bit():
     _, default, _ = train_pipe("petra", "fp32")
     model = make_model(method="petra")
     batches = make_batches(6)
-    pipe = Pipeline(
-        **assemble(
-            model, "petra", LocalWorld(), num_batches=6, get_batch=lambda mb: batches[mb], batch_size=6, recipe=LR
+    pipe = Pipeline.build(
+        PipelineSpec(
+            model=model,
+            method="petra",
+            world=LocalWorld(),
+            num_batches=6,
+            get_batch=lambda mb: batches[mb],
+            batch_size=6,
+            recipe=LR,
         )
     )
     pipe.run()

@@ -7,8 +7,8 @@ import torch.distributed as dist
 from conftest import make_batches, make_model
 
 from petra_core import Pipeline, Recipe, Simulator
-from petra_core.engine import LocalWorld, assemble
-from petra_core.engine.distributed import DistributedPipeline, DistributedWorld
+from petra_core.engine import LocalWorld, PipelineSpec
+from petra_core.engine.distributed import DistributedWorld
 from petra_core.engine.worlds import LocalTransport
 
 LR = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=False)
@@ -35,11 +35,17 @@ class RecordingTransport:
 def train(world, method="petra", n=4, **kwargs):
     batches = make_batches(n * world.placement.mesh.replicas)  # each replica its own minibatches
     model = make_model()
-    pipe = Pipeline(
-        **assemble(
-            model, method, world, num_batches=n, get_batch=batches.__getitem__, batch_size=6, recipe=LR, **kwargs
-        )
+    spec = PipelineSpec(
+        model=model,
+        method=method,
+        world=world,
+        num_batches=n,
+        get_batch=batches.__getitem__,
+        batch_size=6,
+        recipe=LR,
+        **kwargs,
     )
+    pipe = Pipeline.build(spec)
     return pipe.run()
 
 
@@ -67,9 +73,16 @@ def test_the_distributed_world_on_one_rank_is_its_own_composition_and_matches_th
         world = DistributedWorld("cpu", timeout=10)
         assert not isinstance(world, LocalWorld)
         model = make_model()
-        pipe = DistributedPipeline(
-            model, "petra", world=world, num_batches=4, get_batch=batches.__getitem__, batch_size=6, recipe=LR
+        spec = PipelineSpec(
+            model=model,
+            method="petra",
+            world=world,
+            num_batches=4,
+            get_batch=batches.__getitem__,
+            batch_size=6,
+            recipe=LR,
         )
+        pipe = Pipeline.build(spec)
         pipe.run(3)
         in_flight = pipe.state_dict()["world"]  # the checkpoint layout resume reads
         assert set(in_flight) == {"local", "ready"} and in_flight["ready"] == {} and in_flight["local"]

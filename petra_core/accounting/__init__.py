@@ -4,23 +4,19 @@ Observes the engine, never steers it. Every function returns tidy data (lists of
 DataFrames) for the report layer; see docs/accounting.md for the conventions.
 """
 
-from .fidelity import FidelityTracker, track_fidelity, true_gradient
 from .held import AllocationMeter, held_by_policy, held_by_stage, held_total
 from .memory import measure_steady_state, predict_steady_state
 from .recorder import Recorder
 from .shapes import stage_shapes
-from .stage_costs import measure_stage_costs
 from .table1 import network_costs, per_stage, representative_stage, resnet_messages, run_method, table1
 from .table3 import memory_components, table3
 
 __all__ = [
     "AllocationMeter",
-    "FidelityTracker",
     "Recorder",
     "held_by_policy",
     "held_by_stage",
     "held_total",
-    "measure_stage_costs",
     "measure_steady_state",
     "memory_components",
     "network_costs",
@@ -32,6 +28,4 @@ __all__ = [
     "stage_shapes",
     "table1",
     "table3",
-    "track_fidelity",
-    "true_gradient",
 ]

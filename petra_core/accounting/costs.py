@@ -61,9 +61,9 @@ def fidelity_sample(
 ) -> pd.DataFrame:
     """Cosine and relative error of each delayed gradient vs the true one, random data, fixed seed."""
     from ..engine import Simulator
+    from ..engine.fidelity import track_fidelity
     from ..families import build_model
     from ..optim import Recipe
-    from .fidelity import track_fidelity
 
     g = torch.Generator().manual_seed(0)
     batches = [

@@ -1,9 +1,9 @@
 """The stage worker, the one tick runner and its worlds (in-process; torch.distributed)."""
 
-from .assembly import assemble, build_workers, check_k, schedule_for
 from .messages import BackwardMsg, ForwardMsg
 from .pipeline import Pipeline, run_stage_tick
 from .simulator import Simulator, simulate
+from .spec import PipelineSpec, check_k, schedule_for
 from .worker import HeadLog, HeadRecord, StageWorker
 from .worlds import LocalWorld
 
@@ -14,10 +14,9 @@ __all__ = [
     "HeadRecord",
     "LocalWorld",
     "Pipeline",
+    "PipelineSpec",
     "Simulator",
     "StageWorker",
-    "assemble",
-    "build_workers",
     "check_k",
     "run_stage_tick",
     "schedule_for",

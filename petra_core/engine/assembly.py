@@ -1,98 +1,20 @@
-"""How a :class:`~petra_core.engine.pipeline.Pipeline` is put together: the workers of every
-replica this process holds, on their devices, with their optimizers, after the ranks have agreed
-on the model and the placement: ``Pipeline(**assemble(model, method, world, ...))``."""
+"""The steps of :meth:`Pipeline.build <petra_core.engine.pipeline.Pipeline.build>`, in the order it
+takes them: the ranks agree on the spec (:func:`agree_on_spec`), rank 0 decides the placement
+(:func:`decide_placement`), this process's stages are placed on their devices, one copy of the
+model per replica it holds (:func:`place_stages`), and each copy's workers are built complete
+(:func:`build_workers`: optimizers, tensor offsets, joined graphs decided beforehand)."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from torch import Tensor
+import torch
 
-from ..methods import Method, check_method_fits, get_method
-from ..methods.schedule import Schedule
 from ..models import StagedModel
-from ..optim import Recipe, make_optimizer
-from ..replicas import ReplicaRule, get_rule
+from ..optim import make_optimizer
+from .spec import GetBatch, PipelineSpec
 from .worker import StageWorker
-
-GetBatch = Callable[[int], tuple[Tensor, Tensor]]  # minibatch id of the run's stream -> (images, labels)
-
-
-def check_k(k: object) -> int:
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"accumulation k must be an integer >= 1, got {k!r}")
-    return k
-
-
-def schedule_for(method: str | Method, num_stages: int, num_batches: int, k: int = 1) -> Schedule:
-    return get_method(method).schedule(num_stages, num_batches, k=k)
-
-
-def build_workers(
-    model: StagedModel,
-    method: str | Method,
-    *,
-    k: int = 1,
-    recipe: Recipe = Recipe(),
-    batch_size: int,
-    batches_per_epoch: float,
-    stages: range | None = None,
-    replica: int = 0,
-    precision: str = "fp32",
-) -> list[StageWorker]:
-    """One worker per stage (or per stage in ``stages``, for a rank of a distributed run) of one
-    replica's ``model``. Stages must already be on their devices. ``batch_size`` is what the
-    learning rate scales with: the batch of one optimizer step over all replicas."""
-    method = get_method(method)
-    check_method_fits(method, model)
-    k = check_k(k)
-    J = len(model)
-    # each stage's first parameter tensor in network order, and their number (rules such as wash
-    # treat tensors by depth)
-    counts = [sum(1 for _ in model[j].parameters()) for j in range(J)]
-    workers = []
-    for j in stages if stages is not None else range(J):
-        opt, sched = make_optimizer(model[j], recipe, batch_size=batch_size, k=k, steps_per_epoch=batches_per_epoch / k)
-        send_back = j > 0 and method.policy_for(model[j - 1], last=False).needs_output_back
-        workers.append(
-            StageWorker(
-                model[j],
-                j,
-                J,
-                method.storage_for(model[j], last=j == J - 1),
-                opt,
-                sched,
-                k=k,
-                send_input_back=send_back,
-                replica=replica,
-                precision=precision,
-            )
-        )
-        workers[-1].tensor_offset, workers[-1].tensors_total = sum(counts[:j]), sum(counts)
-    join_graphs(workers, method.schedule)
-    return workers
-
-
-def join_graphs(workers: list[StageWorker], schedule: type[Schedule]) -> None:
-    """Let neighbouring stages share one autograd graph where nothing can tell the difference.
-
-    Under the sequential schedule no weight moves between a minibatch's forward and its backward,
-    and one minibatch is in flight.
-    Two consecutive stages of this process on one device whose policies both keep their forward's
-    graph on the live weights (``StoragePolicy.joins``: backprop's) may then be one graph: the
-    first hands its output on attached, and the later stage's backward runs on through it. That
-    is one autograd call per minibatch instead of one per stage, with no leaf and no gradient copy
-    at the boundary; the gradients are the same bits (tests/test_methods.py). The runner joins
-    only while no observer watches (pipeline.run_stage_tick). Several minibatches in flight (GPipe,
-    1F1B) do not join, although their weights stay fixed too: a joined backward reaches the earlier
-    stages at the head's tick, ahead of the backward of a minibatch forwarded before a resume (a
-    checkpoint keeps no graph), and the gradients would add up in another order."""
-    if not schedule.one_in_flight:
-        return
-    for a, b in zip(workers, workers[1:]):
-        a.joins_next = a.device == b.device and a.storage.joins and b.storage.joins  # workers of a range of stages
 
 
 @dataclass
@@ -104,131 +26,148 @@ class Replica:
     workers: list[StageWorker]
 
 
-def assemble(
-    model: StagedModel,
-    method: str | Method,
-    world,
-    *,
-    num_batches: int,
-    get_batch: GetBatch | None,
-    batch_size: int,
-    k: int = 1,
-    recipe: Recipe = Recipe(),
-    batches_per_epoch: float | None = None,
-    placement="even",
-    measure: Callable | None = None,
-    sample: tuple[Tensor, Tensor] | None = None,
-    sync_timing: bool = False,
-    rule: str | ReplicaRule | None = None,
-    precision: str = "fp32",
-) -> dict:
-    """The parts of a :class:`Pipeline` of ``model`` in ``world``: ``Pipeline(**assemble(...))``.
+def agree_on_spec(spec: PipelineSpec) -> None:
+    """Every rank must describe the same pipeline of the same weights (same seed): one line naming
+    the ranks that differ, raised by every rank."""
+    world = spec.world
+    if world.placement.world_size == 1:
+        return
+    from .distributed.world import model_fingerprint
 
-    ``num_batches`` and ``batches_per_epoch`` count each replica's minibatches. Every rank calls
-    it alike, with an identical ``model`` (same seed; ranks check they agree); each replica this
-    process holds gets its own copy of it. Rank 0 decides the placement of stages on the pipeline
-    positions (``"even"``, ranges like ``"0-3,4-9"``, or ``"balanced"``: costs from
-    ``measure(model, sample or get_batch(0), method=, device=)``, e.g.
-    :func:`petra_core.accounting.measure_stage_costs`). This process's stages move to their
-    devices (``world.placement.device_for``); ``get_batch`` is called only where stage 0 lives.
-    """
+    mine = (
+        spec.model.arch,
+        len(spec.model),
+        spec.method.name,
+        spec.rule.name,
+        str(world.placement.mesh),
+        spec.num_batches,
+        spec.k,
+        spec.batch_size,
+        model_fingerprint(spec.model),
+    )
+    configs = world.ranks.all_objects(mine)
+    differ = [r for r, c in enumerate(configs) if c != configs[0]]
+    if differ:
+        raise ValueError(
+            f"ranks disagree on (arch, stages, method, rule, mesh, minibatches, k, batch, weights): "
+            f"rank 0 has {configs[0][:-1]}, ranks {differ} differ (same seed on every rank?): "
+            + "; ".join(f"rank {r}: {configs[r][:-1]}" for r in differ)
+        )
+
+
+def decide_placement(spec: PipelineSpec) -> tuple[list[range], list[float] | None]:
+    """Rank 0's placement of the stages on the pipeline positions, and the stage costs it measured
+    for ``balanced`` (None otherwise), shared with every rank; a bad placement is raised by all."""
     from .placement import parse_placement
 
-    method, rule = get_method(method), get_rule(rule)
-    J, R = len(model), world.placement.mesh.replicas
-    rule.check_mesh(stages=J, replicas=R)  # what the rule declares it needs: one line now, not at the first step
-    schedule = schedule_for(method, J, num_batches, check_k(k))
-    rule.check(schedule=method.schedule, k=k)
-    if world.placement.world_size > 1:
-        from .distributed.world import model_fingerprint
-
-        config = (
-            getattr(model, "arch", None),
-            J,
-            method.name,
-            rule.name,
-            str(world.placement.mesh),
-            num_batches,
-            k,
-            batch_size,
-            model_fingerprint(model),
-        )
-        configs = world.ranks.all_objects(config)
-        differ = [r for r, c in enumerate(configs) if c != configs[0]]
-        if differ:
-            raise ValueError(
-                f"ranks disagree on (arch, stages, method, rule, mesh, minibatches, k, batch, weights): "
-                f"rank 0 has {configs[0][:-1]}, ranks {differ} differ (same seed on every rank?): "
-                + "; ".join(f"rank {r}: {configs[r][:-1]}" for r in differ)
-            )
-    decision = None
+    world, decision = spec.world, None
     if world.placement.is_main:
         try:
             costs = None
-            if placement == "balanced":
-                if measure is None or (get_batch is None and sample is None):
-                    raise ValueError(
-                        "placement 'balanced' needs measured stage costs: pass measure= (e.g. "
-                        "petra_core.accounting.measure_stage_costs) and a sample minibatch"
-                    )
-                costs = measure(
-                    model,
-                    sample if sample is not None else get_batch(0),
-                    method=method,
-                    device=world.placement.device_for(0) or next(model.parameters()).device,
-                )
-            decision = (parse_placement(placement, J, world.placement.mesh.positions, costs), costs)
+            if spec.placement == "balanced":
+                sample = spec.sample if spec.sample is not None else spec.get_batch(0)
+                device = world.placement.device_for(0) or next(spec.model.parameters()).device
+                costs = spec.measure(spec.model, sample, method=spec.method, device=device)
+            decision = (parse_placement(spec.placement, len(spec.model), world.placement.mesh.positions, costs), costs)
         except ValueError as err:  # a bad spec: every rank raises it, none waits for the others
             decision = str(err)
     decision = world.ranks.share(decision)
     if isinstance(decision, str):
         raise ValueError(decision)
-    ranges, stage_costs = decision
-    world.connect(ranges, schedule, backward=method.gradients_cross)
-    models = {r: model if i == 0 else copy.deepcopy(model) for i, r in enumerate(world.placement.replicas)}
-    if rule.init == "different":  # a population of distinct initialisations
+    return decision
+
+
+def place_stages(spec: PipelineSpec, ranges: list[range]) -> dict[int, StagedModel]:
+    """Connect the world to ``ranges`` and put this process's stages of each replica it holds on
+    their devices: {replica: its copy of the model} (replica 0's, or the first's, is ``spec.model``)."""
+    world = spec.world
+    world.connect(ranges, spec.schedule, backward=spec.method.gradients_cross)
+    models = {r: spec.model if i == 0 else copy.deepcopy(spec.model) for i, r in enumerate(world.placement.replicas)}
+    if spec.distinct_inits:  # a population of distinct initialisations
         from ..replicas.population import reinitialise
 
         for r, m in models.items():
             if r > 0:
-                reinitialise(m, rule.seed, r)
+                reinitialise(m, spec.rule.seed, r)
     for m in models.values():
         for j in world.placement.stages:
             if world.placement.device_for(j) is not None:
                 m[j].to(world.placement.device_for(j))
-    first = next(model[world.placement.stages.start].parameters()).device
-    if get_batch is not None and first.type != "cpu":
-        user_get_batch = get_batch
+    return models
 
-        def get_batch(mb: int):  # images to stage 0's device; labels stay on the (pinned) host until the
-            images, labels = user_get_batch(mb)  # head copies them to its own device (copies.py)
-            return images.to(first, non_blocking=True), labels
 
-    replicas = [
-        Replica(
-            r,
-            m,
-            build_workers(
-                m,
-                method,
-                k=k,
-                recipe=recipe,
-                batch_size=batch_size * R,
-                batches_per_epoch=batches_per_epoch or max(num_batches, 1),
-                stages=world.placement.stages,
-                replica=r,
-                precision=precision,
-            ),
+def feed_stage_0(get_batch: GetBatch | None, model: StagedModel, stages: range) -> GetBatch | None:
+    """``get_batch`` with its images on stage 0's device; labels stay on the (pinned) host until the
+    head copies them to its own device (copies.py)."""
+    first = next(model[stages.start].parameters()).device
+    if get_batch is None or first.type == "cpu":
+        return get_batch
+
+    def on_device(mb: int):
+        images, labels = get_batch(mb)
+        return images.to(first, non_blocking=True), labels
+
+    return on_device
+
+
+def joined_stages(spec: PipelineSpec, model: StagedModel, storages: dict) -> set[int]:
+    """The stages whose next stage may go on through their graph: neighbours of this process on one
+    device whose policies both keep the forward's graph on the live weights (``StoragePolicy.joins``:
+    backprop's), under a schedule with one minibatch in flight (sequential), where no weight moves
+    between a minibatch's forward and its backward. One autograd call per minibatch instead of one
+    per stage, with no leaf and no gradient copy at the boundary; the gradients are the same bits
+    (tests/test_methods.py). The runner joins only while no observer watches
+    (pipeline.run_stage_tick). Several minibatches in flight (GPipe, 1F1B) do not join, although
+    their weights stay fixed too: a joined backward reaches the earlier stages at the head's tick,
+    ahead of the backward of a minibatch forwarded before a resume (a checkpoint keeps no graph),
+    and the gradients would add up in another order."""
+    if not spec.schedule.one_in_flight:
+        return set()
+
+    def device(j: int) -> torch.device:
+        return next(model[j].parameters()).device
+
+    return {
+        j
+        for j in spec.world.placement.stages
+        if j + 1 in storages and device(j) == device(j + 1) and storages[j].joins and storages[j + 1].joins
+    }
+
+
+def build_workers(spec: PipelineSpec, model: StagedModel, replica: int) -> list[StageWorker]:
+    """The workers of this process's stages of one replica's ``model`` (already on their devices).
+    The learning rate scales with the batch of one optimizer step over all replicas."""
+    method, J, stages = spec.method, len(spec.model), spec.world.placement.stages
+    batches_per_epoch = spec.batches_per_epoch or max(spec.num_batches, 1)
+    storages = {j: method.storage_for(model[j], last=j == J - 1) for j in stages}
+    joins = joined_stages(spec, model, storages)
+    # each stage's first parameter tensor in network order, and their number (rules such as wash
+    # treat tensors by depth)
+    counts = [sum(1 for _ in model[j].parameters()) for j in range(J)]
+    workers = []
+    for j in stages:
+        opt, sched = make_optimizer(
+            model[j],
+            spec.recipe,
+            batch_size=spec.batch_size * spec.replicas,
+            k=spec.k,
+            steps_per_epoch=batches_per_epoch / spec.k,
         )
-        for r, m in models.items()
-    ]
-    return dict(
-        replicas=replicas,
-        schedule=schedule,
-        world=world,
-        get_batch=get_batch,
-        method=method,
-        rule=rule,
-        stage_costs=stage_costs,
-        sync_timing=sync_timing,
-    )
+        workers.append(
+            StageWorker(
+                model[j],
+                j,
+                J,
+                storages[j],
+                opt,
+                sched,
+                k=spec.k,
+                send_input_back=j > 0 and method.policy_for(model[j - 1], last=False).needs_output_back,
+                replica=replica,
+                precision=spec.precision,
+                tensor_offset=sum(counts[:j]),
+                tensors_total=sum(counts),
+                joins_next=j in joins,
+            )
+        )
+    return workers

@@ -15,9 +15,11 @@ process keeps what it has freed for reuse; its peak resident memory is what the 
 peak either way. It changes where buffers live, never what is computed: the bits of a run are
 the same with and without it (``tests/test_host_memory.py``).
 
-It is process-wide and applied once, by the first pipeline a process builds (the simulator, each
-rank of a distributed run, the benchmarks). ``PETRA_HOST_MALLOC=system`` leaves glibc's defaults;
-on a C library without ``mallopt`` (macOS, musl) it does nothing.
+It is process-wide, so the engine never applies it: building a pipeline changes no process state.
+Whoever owns the process calls it once, before its pipeline: the trainer (``run/trainer.py``, which
+records what it set in the run's ``env.json`` as ``host_malloc``), each rank of the distributed
+tests' rank program and the benchmarks that measure speed. ``PETRA_HOST_MALLOC=system`` leaves
+glibc's defaults; on a C library without ``mallopt`` (macOS, musl) it does nothing.
 """
 
 from __future__ import annotations

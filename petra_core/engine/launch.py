@@ -77,6 +77,56 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def rank_environment(rank: int, nprocs: int, port: int, env: dict | None = None) -> dict:
+    """What torchrun gives rank ``rank`` of ``nprocs`` on this machine (store at 127.0.0.1:``port``)."""
+    return dict(
+        os.environ,
+        **(env or {}),
+        RANK=str(rank),
+        WORLD_SIZE=str(nprocs),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(nprocs),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TORCHELASTIC_USE_AGENT_STORE="True",
+    )
+
+
+def capture_output(procs: list[subprocess.Popen]) -> list[threading.Thread]:
+    """Read each process's stdout and stderr into ``.out`` and ``.err`` as it runs (no pipe fills up)."""
+    readers = []
+    for p in procs:
+        p.out, p.err = "", ""
+        for name in ("out", "err"):
+
+            def read(p=p, name=name):
+                setattr(p, name, getattr(p, "std" + name).read())
+
+            readers.append(threading.Thread(target=read, daemon=True))
+    for th in readers:
+        th.start()
+    return readers
+
+
+def wait_for(procs: list[subprocess.Popen], timeout: float | None) -> None:
+    """Wait until every process has exited, killing those still running after ``timeout`` seconds;
+    each gets ``.ended`` (time.monotonic() when it exited)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    live = list(procs)
+    while live:
+        for p in list(live):
+            if p.poll() is not None:
+                p.ended = time.monotonic()
+                live.remove(p)
+        if live and deadline is not None and time.monotonic() > deadline:
+            for p in live:
+                p.kill()
+                p.wait()
+                p.ended = time.monotonic()
+            break
+        time.sleep(0.02)
+
+
 def launch_local(
     argv: Sequence[str],
     nprocs: int,
@@ -99,48 +149,16 @@ def launch_local(
     store = dist.TCPStore(
         "127.0.0.1", 0, nprocs, True, datetime.timedelta(seconds=max(timeout or 0, 600)), wait_for_workers=False
     )
-    procs = []
-    for rank in range(nprocs):
-        e = dict(
-            os.environ,
-            **(env or {}),
-            RANK=str(rank),
-            WORLD_SIZE=str(nprocs),
-            LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(nprocs),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(store.port),
-            TORCHELASTIC_USE_AGENT_STORE="True",
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) if capture else {}
+    program = [script] if script is not None else ["-m", module]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *program, *argv], env=rank_environment(rank, nprocs, store.port, env), **pipes
         )
-        pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) if capture else {}
-        program = [script] if script is not None else ["-m", module]
-        procs.append(subprocess.Popen([sys.executable, *program, *argv], env=e, **pipes))
-    readers = []
-    if capture:
-        for p in procs:
-            p.out, p.err = "", ""
-            for name in ("out", "err"):
-
-                def read(p=p, name=name):
-                    setattr(p, name, getattr(p, "std" + name).read())
-
-                readers.append(threading.Thread(target=read, daemon=True))
-        for th in readers:
-            th.start()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    live = list(procs)
-    while live:
-        for p in list(live):
-            if p.poll() is not None:
-                p.ended = time.monotonic()
-                live.remove(p)
-        if live and deadline is not None and time.monotonic() > deadline:
-            for p in live:
-                p.kill()
-                p.wait()
-                p.ended = time.monotonic()
-            break
-        time.sleep(0.02)
+        for rank in range(nprocs)
+    ]
+    readers = capture_output(procs) if capture else []
+    wait_for(procs, timeout)
     for th in readers:
         th.join(10)
     del store

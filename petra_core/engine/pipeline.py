@@ -1,5 +1,6 @@
 """The one tick runner: :class:`Pipeline` (stage workers of each replica, a schedule, a replica
-rule, a world); ``assembly.py`` puts one together.
+rule, a world); :meth:`Pipeline.build` makes one of a :class:`~petra_core.engine.spec.PipelineSpec`
+(its steps: ``assembly.py``).
 
 The same runner and per-stage code (:func:`run_stage_tick`) serve the simulator (every replica
 and stage in a :class:`~petra_core.engine.worlds.LocalWorld`) and each rank of a distributed run.
@@ -23,11 +24,11 @@ from torch import Tensor
 
 from ..methods import Method
 from ..methods.schedule import Action, Schedule
-from ..replicas import ReplicaRule, get_rule
-from .assembly import GetBatch, Replica
-from .host_memory import retain_freed_memory
+from ..replicas import ReplicaRule
+from .assembly import Replica, agree_on_spec, build_workers, decide_placement, feed_stage_0, place_stages
 from .messages import ForwardMsg
 from .observers import Observer, observed
+from .spec import GetBatch, PipelineSpec
 from .worker import HeadRecord, StageWorker
 
 
@@ -84,20 +85,17 @@ class Pipeline:
         *,
         get_batch: GetBatch | None,
         method: Method,
-        rule: ReplicaRule | None = None,
+        rule: ReplicaRule,
         stage_costs: list[float] | None = None,
         sync_timing: bool = False,
         offset: int = 0,
+        observers: Sequence[Observer] = (),
     ):
-        retain_freed_memory()  # every tick frees and reallocates activation-sized buffers (host_memory.py)
+        """The parts :meth:`build` makes of a :class:`PipelineSpec` (checked there)."""
         self.replicas, self.schedule, self.world = replicas, schedule, world
-        self.get_batch, self.method, self.rule, self.stage_costs = get_batch, method, get_rule(rule), stage_costs
+        self.get_batch, self.method, self.rule, self.stage_costs = get_batch, method, rule, stage_costs
         self.model, self.workers, self.stages = replicas[0].model, replicas[0].workers, world.placement.stages
-        self.observers: list[Observer] = []
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-            raise ValueError(f"offset must be an integer >= 0 (ticks between replicas' starts), got {offset!r}")
-        if offset and world.placement.world_size > 1:
-            raise ValueError("a cyclic offset between replicas runs in the simulator (one process), not on ranks")
+        self.observers: list[Observer] = list(observers)
         self.offset = offset  # replica r runs its schedule offset * r ticks after replica 0 (cyclic execution)
         self.num_ticks = schedule.num_ticks + offset * (world.placement.mesh.replicas - 1)
         self.waiting: dict[tuple[int, int], StageWorker] = {}  # (replica, stage) -> gave its part, not yet stepped
@@ -110,6 +108,27 @@ class Pipeline:
         self.tick_ends: list[float] = []  # perf_counter() at the end of each tick
         for rep in replicas:
             rep.model.train()
+
+    @classmethod
+    def build(cls, spec: PipelineSpec) -> Pipeline:
+        """The pipeline ``spec`` describes (every rank builds its own of the same spec): the ranks
+        agree on it, rank 0 decides the placement, this process's stages go to their devices (one
+        copy of the model per replica it holds) and get their workers."""
+        agree_on_spec(spec)
+        ranges, stage_costs = decide_placement(spec)
+        models = place_stages(spec, ranges)
+        return cls(
+            [Replica(r, m, build_workers(spec, m, r)) for r, m in models.items()],
+            spec.schedule,
+            spec.world,
+            get_batch=feed_stage_0(spec.get_batch, spec.model, spec.world.placement.stages),
+            method=spec.method,
+            rule=spec.rule,
+            stage_costs=stage_costs,
+            sync_timing=spec.sync_timing,
+            offset=spec.offset,
+            observers=spec.observers,
+        )
 
     rank = property(lambda self: self.world.placement.rank)  # the world's, as the runner's own
     world_size = property(lambda self: self.world.placement.world_size)

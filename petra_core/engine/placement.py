@@ -11,7 +11,7 @@ data) and the last rank owns the head. Three ways to choose:
   ``range`` objects / ``(start, stop)`` pairs.
 
 Everything here is a pure function (``balanced`` splits stage costs measured elsewhere:
-:func:`petra_core.accounting.measure_stage_costs`).
+:func:`petra_core.engine.stage_costs.measure_stage_costs`).
 """
 
 from __future__ import annotations

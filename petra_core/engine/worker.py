@@ -83,6 +83,9 @@ class StageWorker:
         *,
         k: int,
         send_input_back: bool,
+        tensor_offset: int,
+        tensors_total: int,
+        joins_next: bool,
         replica: int = 0,
         precision: str = "fp32",
     ):
@@ -94,7 +97,7 @@ class StageWorker:
         self.send_input_back = send_input_back  # does stage index-1 rebuild its input from its output?
         self.input_grad = not self.is_first and storage.gradient_out  # is a gradient sent back?
         self.gradient_in = not self.is_last and storage.gradient_in  # does one come from the next stage?
-        self.joins_next = False  # may the next stage's graph go on into this one's? (assembly.join_graphs)
+        self.joins_next = joins_next  # may the next stage's graph go on into this one's? (assembly.joined_stages)
         self.steps = 0  # optimizer steps taken = version of the weights
         self.pending = 0  # backward passes accumulated since the last step
         self.labels: dict[int, Tensor] = {}  # head only: labels of in-flight minibatches
@@ -109,7 +112,8 @@ class StageWorker:
         # a stage is placed on its device before its worker is built, and stays there
         self.params = list(stage.parameters())
         self.device = self.params[0].device
-        self.tensor_offset, self.tensors_total = 0, len(self.params)  # place among the model's tensors (assembly)
+        # place among the model's parameter tensors, in network order (rules such as wash treat them by depth)
+        self.tensor_offset, self.tensors_total = tensor_offset, tensors_total
 
     # ---- the two halves of a tick -------------------------------------------------------------
     def _here(self, a: Activation) -> Activation:

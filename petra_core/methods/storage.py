@@ -46,7 +46,7 @@ class StoragePolicy:
     gradient_out = True  # does the backward send the input's gradient to the previous stage?
     needs_labels = False  # does the backward need the minibatch's labels (a local loss)?
     # may its graph go on into the previous stage's? Only a graph of the live weights, whose backward
-    # needs nothing but the output's gradient (engine/assembly.py: join_graphs)
+    # needs nothing but the output's gradient (engine/assembly.py: joined_stages)
     joins = False
 
     def forward(self, stage: Stage, mb: int, x: Tensor, *, input_grad: bool, version: int) -> Tensor:
@@ -122,7 +122,7 @@ class KeepGraph(StoragePolicy):
 
     def _record(self, stage, mb, x, input_grad, version):
         # an input that arrives with its graph (the previous stage handed its output on attached:
-        # join_graphs) is taken as it is, and the backward runs on through that stage
+        # assembly.joined_stages) is taken as it is, and the backward runs on through that stage
         joined = self.joins and any(t.requires_grad for t in streams.tensors(x))
         leaf = x if joined else streams.leaves(x, input_grad)
         weights = self._weights(stage, version)

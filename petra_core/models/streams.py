@@ -88,7 +88,7 @@ class _GradInOwnLayout(torch.autograd.Function):
 
 
 def attached(a: Activation) -> Activation:
-    """``a`` with its graph, for a next stage that joins it (``engine/assembly.py: join_graphs``).
+    """``a`` with its graph, for a next stage that joins it (``engine/assembly.py: joined_stages``).
     Its gradient comes back laid out as ``a`` is, as a separate stage's input leaf would receive
     it (autograd's layout contract for a leaf's ``.grad``): a channels-last activation gets a
     channels-last gradient, so the earlier stage's kernels, and its bits, are those of separate

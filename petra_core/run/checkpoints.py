@@ -17,7 +17,6 @@ whose newest checkpoint cannot be read resumes from the previous one, saying so 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from ..engine.placement import format_placement
@@ -33,13 +32,15 @@ def part_name(replica: int, position: int, tick: int) -> str:
 
 
 class Checkpoints:
-    """Reads, writes and restores the checkpoint of ``cfg``'s run in ``directory`` for ``world``."""
+    """Reads, writes and restores the checkpoint of ``cfg``'s run in ``directory``. The trainer reads
+    its manifest before the run's world exists; a pipeline's world writes and restores it."""
 
-    def __init__(self, directory: Path, cfg: RunConfig, world):
-        self.cfg, self.world = cfg, world
+    def __init__(self, directory: Path, cfg: RunConfig):
+        self.cfg = cfg
         self.path, self.parts_dir = Path(directory) / runio.CHECKPOINT, Path(directory) / PARTS
         self.previous = Path(directory) / PREVIOUS
         self.newest_damaged = False
+        self.warning: str | None = None  # why the previous checkpoint is resumed from (rank 0 says it)
 
     def exists(self) -> bool:
         return self.path.exists() or self.previous.exists()
@@ -55,13 +56,8 @@ class Checkpoints:
                 damage = err
         if self.previous.exists():
             manifest = runio.load_checkpoint(self.previous)  # damaged too: its own one-line error
-            if self.world.placement.is_main:
-                why = f"{damage}" if damage else f"{self.path} is missing (interrupted while being replaced)"
-                print(
-                    f"petra: warning: {why}; resuming from the previous checkpoint {self.previous} "
-                    f"(tick {manifest.get('tick')})",
-                    file=sys.stderr,
-                )
+            why = f"{damage}" if damage else f"{self.path} is missing (interrupted while being replaced)"
+            self.warning = f"{why}; resuming from the previous checkpoint {self.previous} (tick {manifest.get('tick')})"
             self.newest_damaged = damage is not None
             return self.previous, manifest
         if damage is not None:
@@ -69,7 +65,8 @@ class Checkpoints:
         return None
 
     def read_manifest(self) -> dict | None:
-        """The committed checkpoint's manifest, checked against this run and this launch (None: none)."""
+        """The committed checkpoint's manifest, checked against this run (None: none). Every process
+        reads it alike, before any waits for another."""
         found = self._newest_readable()
         if found is None:
             return None
@@ -78,18 +75,21 @@ class Checkpoints:
         if written != self.cfg.runtime:
             raise ConfigError(f"{self.path} was written by runtime={written}; resume it with that runtime")
         check_same_run(self.path, manifest.get("config"), self.cfg)
-        ranks = manifest.get("world_size", 1)
-        if ranks != self.world.placement.world_size:
+        return manifest
+
+    def check_launch(self, manifest: dict | None, world_size: int) -> None:
+        """A checkpoint resumes on as many ranks as wrote it."""
+        ranks = world_size if manifest is None else manifest.get("world_size", 1)
+        if ranks != world_size:
             raise ConfigError(
-                f"{self.path} was written by {ranks} ranks, this launch has {self.world.placement.world_size}; "
+                f"{self.path} was written by {ranks} ranks, this launch has {world_size}; "
                 f"resume with torchrun --nproc-per-node={ranks}"
             )
-        return manifest
 
     def save(self, pipe, history: list[dict], model_state: dict | None) -> None:
         """Write this process's part (distributed) and, on rank 0, commit ``checkpoint.pt``
         (collective). ``model_state``: replica 0's whole model on rank 0."""
-        world, tick = self.world, pipe.tick
+        world, tick = pipe.world, pipe.tick
         pipeline = pipe.state_dict()  # settles the transport: nothing left on the wire
         mesh = world.placement.mesh
         names = None
@@ -139,7 +139,7 @@ class Checkpoints:
 
     def restore(self, pipe, manifest: dict) -> list[dict]:
         """Load ``manifest``'s weights and in-flight state into ``pipe`` (collective); its history."""
-        world = self.world
+        world = pipe.world
 
         def load():
             if manifest.get("parts") is None:  # one process: everything in checkpoint.pt

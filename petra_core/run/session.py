@@ -6,8 +6,10 @@ it builds the run's world (a :class:`~petra_core.engine.worlds.LocalWorld` holdi
 or a ``DistributedWorld``: this rank's cell of the replicas × pipeline mesh, joined from
 torchrun's environment), the data (read where a replica's stage 0 lives, and on rank 0, which
 evaluates), the model (every rank builds the same from the seed) and the
-:class:`~petra_core.engine.pipeline.Pipeline`; it gives the trainer (``trainer.py``) the world's
-collectives, the model to evaluate and the checkpoint (``checkpoints.py``).
+:class:`~petra_core.engine.pipeline.Pipeline` (``Pipeline.build`` of a ``PipelineSpec``), from a
+:class:`SessionPlan` the trainer read from the config: the session never sees the config. It
+gives the trainer (``trainer.py``) the world's collectives, the model to evaluate and the
+checkpoint (``checkpoints.py``, whose manifest the trainer read before any process group existed).
 
 With R replicas each epoch's B minibatches are shared out in turn: replica r trains on the
 epoch's minibatches r, r + R, ... (B // R of them; the last B mod R are left out).
@@ -16,44 +18,51 @@ epoch's minibatches r, r + R, ... (B // R of them; the last B mod R are left out
 from __future__ import annotations
 
 import copy
+import functools
 import os
-from pathlib import Path
+import sys
+from dataclasses import dataclass
 
 import torch
 
-from ..accounting import measure_stage_costs
 from ..data import DataError, Prefetcher, build_data
-from ..engine import LocalWorld, Pipeline, assemble
+from ..engine import LocalWorld, Pipeline, PipelineSpec
 from ..engine.placement import format_placement
+from ..engine.stage_costs import measure_stage_costs
 from ..families import build
 from ..optim import Recipe
-from ..replicas import get_rule
+from ..precision import set_numerics
+from ..replicas import ReplicaRule
 from .checkpoints import Checkpoints
-from .config import ConfigError, RunConfig
+from .config import ConfigError
 
 USER_ERRORS = (ConfigError, DataError, ValueError)  # raised by every rank together, one line each
 
 
-def load_data(cfg: RunConfig):
-    common = dict(batch_size=cfg.batch_size, seed=cfg.seed, subset=cfg.subset, eval_batch_size=cfg.eval_batch_size)
-    if cfg.dataset == "synthetic":
-        return build_data(
-            "synthetic",
-            n_train=cfg.synthetic_train,
-            n_test=cfg.synthetic_test,
-            num_classes=cfg.synthetic_classes,
-            **common,
-        )
-    return build_data(cfg.dataset, source=cfg.data_source, prepared_dir=cfg.prepared_path(), **common)
+@dataclass(frozen=True)
+class SessionPlan:
+    """What one run's session is made of, read from its config once, by the trainer
+    (``trainer.session_plan``): the session never sees the config, and never calls back up."""
 
-
-def make_model(cfg: RunConfig, num_classes: int, stem: str):
-    """The run's model, initialised from its seed (every rank of a distributed run builds the same)."""
-    torch.manual_seed(cfg.seed)
-    model = build(cfg.arch, num_classes=num_classes, stem=stem, width=cfg.width, aux_head=cfg.aux_head)
-    if cfg.channels_last:
-        model.to(memory_format=torch.channels_last)
-    return model
+    runtime: str  # simulator (one process) or distributed (one process per rank, under torchrun)
+    device: torch.device
+    threads: int | None
+    precision: str
+    deterministic: bool
+    dist_timeout: float
+    replicas: int
+    data: dict  # build_data's arguments
+    model: dict  # build_model's arguments, but the classes and stem the data decides
+    seed: int
+    channels_last: bool
+    epochs: int
+    prefetch: int  # minibatches read ahead on stage 0's rank (0: none)
+    method: str
+    k: int
+    batch_size: int
+    recipe: Recipe
+    rule: ReplicaRule
+    placement: str  # the config's; a checkpoint's placement wins
 
 
 def local_devices(device: torch.device) -> list[torch.device] | None:
@@ -61,20 +70,6 @@ def local_devices(device: torch.device) -> list[torch.device] | None:
     if device.type != "cuda":
         return None
     return [torch.device("cuda", i) for i in range(torch.cuda.device_count())] if device.index is None else [device]
-
-
-def recipe_of(cfg: RunConfig) -> Recipe:
-    return Recipe(
-        base_lr=cfg.base_lr,
-        momentum=cfg.momentum,
-        nesterov=True,
-        weight_decay=cfg.weight_decay,
-        warmup_epochs=cfg.warmup_epochs,
-        milestones=tuple(cfg.milestones),
-        gamma=cfg.gamma,
-        scale_lr=cfg.scale_lr,
-        optimizer=cfg.optimizer,
-    )
 
 
 def finite(module) -> bool:
@@ -90,42 +85,16 @@ def torchrun_command(args: list[str], nprocs: int = 2) -> str:
 
 
 class Session:
-    """The world, data, model and pipeline of one run, and its checkpoints."""
+    """The world, data, model and pipeline of one run, and its checkpoints, made top-down from
+    ``plan``: numerics, world, data, model, pipeline. ``manifest``: the checkpoint to resume from
+    (read and checked by the trainer before any process group exists), None to start afresh."""
 
-    def __init__(
-        self, cfg: RunConfig, run_dir: Path, device: torch.device, *, checkpoint_dir: Path | None = None, on_start=None
-    ):
-        self.cfg, self.run_dir = cfg, run_dir
-        checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else run_dir
-        self.pipe, self.data, self.manifest, self.prefetcher = None, None, None, None
-        if cfg.runtime == "distributed":
-            from ..engine.distributed import DistributedWorld
-            from ..engine.launch import init_distributed
-
-            if "WORLD_SIZE" not in os.environ:
-                raise ConfigError(
-                    "runtime=distributed runs one process per rank: launch it with torchrun, "
-                    "e.g. " + torchrun_command(["CONFIG...", "runtime=distributed"])
-                )
-            device = init_distributed(timeout=cfg.dist_timeout, device=device)
-            try:
-                self.world = DistributedWorld(device, timeout=cfg.dist_timeout, replicas=cfg.replicas)
-            except ValueError as err:  # replicas that do not divide the ranks: the world says so, in one line
-                raise ConfigError(str(err)) from None
-        else:
-            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-                raise ConfigError(
-                    f"runtime=simulator in a launch of {os.environ['WORLD_SIZE']} processes "
-                    f"(WORLD_SIZE); add runtime=distributed, or run it as one process"
-                )
-            self.world = LocalWorld(devices=local_devices(device), replicas=cfg.replicas)
-        self.is_main = self.world.placement.is_main
-        self.checkpoints = Checkpoints(checkpoint_dir, cfg, self.world)
-        self.checkpoint_path = self.checkpoints.path
+    def __init__(self, plan: SessionPlan, checkpoints: Checkpoints, manifest: dict | None, *, on_start=None):
+        self.plan, self.checkpoints, self.manifest = plan, checkpoints, manifest
+        self.checkpoint_path = checkpoints.path
+        self.world, self.pipe, self.data, self.prefetcher = None, None, None, None
         try:
-            if on_start is not None:
-                on_start()
-            self._setup()
+            self._build(plan, on_start)
         except USER_ERRORS:
             self.close()
             raise
@@ -134,61 +103,91 @@ class Session:
             self.close(ok=False)
             raise
 
-    def _setup(self) -> None:
-        cfg, world = self.cfg, self.world
-        self.manifest = self.together(self.checkpoints.read_manifest)  # it fixes the ranks and the placement
-        placement = self.manifest["placement"] if self.manifest else cfg.placement
-        reads_data = self.is_main or world.placement.position == 0  # evaluation; a replica's stage 0
+    @staticmethod
+    def _join(plan: SessionPlan):
+        """This process's numerics and world: every replica here, or this rank's cell of the mesh
+        (joined from torchrun's environment)."""
+        distributed, size = plan.runtime == "distributed", os.environ.get("WORLD_SIZE")
+        if distributed and size is None:
+            raise ConfigError(
+                "runtime=distributed runs one process per rank: launch it with torchrun, "
+                "e.g. " + torchrun_command(["CONFIG...", "runtime=distributed"])
+            )
+        if not distributed and int(size or 1) > 1:
+            raise ConfigError(
+                f"runtime=simulator in a launch of {size} processes (WORLD_SIZE); add runtime=distributed, "
+                f"or run it as one process"
+            )
+        devices = None if distributed else local_devices(plan.device)
+        if plan.threads:
+            torch.set_num_threads(plan.threads)
+        set_numerics(plan.precision, plan.deterministic)  # TF32 flags, deterministic algorithms, cuDNN benchmark
+        if not distributed:
+            return LocalWorld(devices=devices, replicas=plan.replicas)
+        from ..engine.distributed import DistributedWorld
+        from ..engine.launch import init_distributed
 
-        def read_data():
-            if not reads_data:
-                return None
-            self.data = load_data(cfg)
-            return self.data.train.num_batches, self.data.num_classes, self.data.stem
+        device = init_distributed(timeout=plan.dist_timeout, device=plan.device)
+        try:
+            return DistributedWorld(device, timeout=plan.dist_timeout, replicas=plan.replicas)
+        except ValueError as err:  # replicas that do not divide the ranks: the world says so, in one line
+            raise ConfigError(str(err)) from None
 
-        B, num_classes, stem = world.ranks.share(self.together(read_data))
-        R = cfg.replicas
+    def _build(self, plan: SessionPlan, on_start) -> None:
+        """The world, then the data (read where a replica's stage 0 lives, and on rank 0, which
+        evaluates), the model (every rank the same, from the seed) and the pipeline of them: one
+        pass down, nothing below calls back into the session."""
+        self.world = world = self._join(plan)
+        self.is_main, R = world.placement.is_main, plan.replicas
+        if self.is_main and self.checkpoints.warning:
+            print(f"petra: warning: {self.checkpoints.warning}", file=sys.stderr)
+        if on_start is not None:
+            on_start()
+        self.checkpoints.check_launch(self.manifest, world.placement.world_size)  # it fixes the ranks and the placement
+        reads_data = self.is_main or world.placement.position == 0
+        self.data = self.together(functools.partial(build_data, **plan.data) if reads_data else lambda: None)
+        B, num_classes, stem = world.ranks.share(
+            (self.data.train.num_batches, self.data.num_classes, self.data.stem) if reads_data else None
+        )
         if B < R:
             raise ConfigError(
                 f"replicas={R} needs at least {R} minibatches per epoch, the training set gives {B} "
-                f"(batch_size={cfg.batch_size})"
+                f"(batch_size={plan.batch_size})"
             )
         self.batches_per_epoch = B // R  # each replica's
         self.stream_batches_per_epoch = G = B // R * R  # all replicas' together: the stream's epoch
-        self.model = make_model(cfg, num_classes, stem)
+        torch.manual_seed(plan.seed)  # every rank builds the same model
+        self.model = build(**plan.model, num_classes=num_classes, stem=stem)
+        if plan.channels_last:
+            self.model.to(memory_format=torch.channels_last)
 
         def get_batch(mb: int):  # minibatch mb of the stream (replica mb % R's)
             return self.data.train.batch(mb // G, mb % G)
 
-        ahead = cfg.prefetch if cfg.prefetch is not None else (4 if cfg.device == "cuda" else 0)
-        if ahead and world.placement.position == 0:
+        if plan.prefetch and world.placement.position == 0:
             get_batch = self.prefetcher = Prefetcher(
                 get_batch,
-                ahead=ahead,
-                pin=cfg.device == "cuda",
-                limit=cfg.epochs * G,
+                ahead=plan.prefetch,
+                pin=plan.device.type == "cuda",
+                limit=plan.epochs * G,
                 stride=1 if world.placement.world_size == 1 else R,
             )
-
-        self.pipe: Pipeline = self.together(
-            lambda: Pipeline(
-                **assemble(
-                    self.model,
-                    cfg.method,
-                    world,
-                    num_batches=cfg.epochs * self.batches_per_epoch,
-                    get_batch=get_batch if world.placement.position == 0 else None,
-                    batch_size=cfg.batch_size,
-                    k=cfg.k,
-                    recipe=recipe_of(cfg),
-                    batches_per_epoch=self.batches_per_epoch,
-                    placement=placement,
-                    measure=measure_stage_costs,
-                    rule=get_rule(cfg.replica_rule, stages=cfg.rule_stages, options=cfg.rule_options, seed=cfg.seed),
-                    precision=cfg.precision,
-                )
-            )
+        spec = PipelineSpec(
+            model=self.model,
+            method=plan.method,
+            recipe=plan.recipe,
+            precision=plan.precision,
+            num_batches=plan.epochs * self.batches_per_epoch,
+            k=plan.k,
+            rule=plan.rule,
+            world=world,
+            get_batch=get_batch if world.placement.position == 0 else None,
+            batch_size=plan.batch_size,
+            batches_per_epoch=self.batches_per_epoch,
+            placement=self.manifest["placement"] if self.manifest else plan.placement,
+            measure=measure_stage_costs,
         )
+        self.pipe: Pipeline = self.together(functools.partial(Pipeline.build, spec))
 
     # ---- keeping ranks in step (trivial in one process) ------------------------------------------
     def together(self, fn):
@@ -253,7 +252,7 @@ class Session:
 
     def environment(self) -> dict:
         env = {
-            "runtime": self.cfg.runtime,
+            "runtime": self.plan.runtime,
             "world_size": self.world.placement.world_size,
             "mesh": str(self.world.placement.mesh),
             "placement": format_placement(self.world.placement.ranges),
@@ -279,7 +278,7 @@ class Session:
         """Make the other ranks stop (they may be waiting for this one)."""
         from ..engine.distributed.failures import PipelineError, short
 
-        if self.world.placement.world_size > 1 and not isinstance(err, PipelineError):
+        if self.world is not None and self.world.placement.world_size > 1 and not isinstance(err, PipelineError):
             self.world.ranks.report(
                 f"petra: rank {self.world.placement.rank} failed: {type(err).__name__}: {short(err)}"
             )
@@ -290,4 +289,5 @@ class Session:
             self.pipe.close()
         if self.prefetcher is not None:
             self.prefetcher.close()
-        self.world.leave(ok)
+        if self.world is not None:  # None: it failed before it joined a world
+            self.world.leave(ok)

@@ -13,6 +13,11 @@ In a distributed run every rank runs its phases on its own stages; rank 0 evalua
 the run files, and at every tick boundary the ranks agree on whether to stop, so they all
 checkpoint at the same tick. With R replicas an epoch is the stream's B // R · R minibatches,
 B // R for each replica; the history counts the stream's.
+
+The config travels one way: :func:`train` checks it against the run directory and the checkpoint
+(``checkpoints.py``), makes the :class:`Trainer`, reads everything the session needs into a
+:class:`~.session.SessionPlan` (:func:`session_plan`) and only then builds the session, top-down,
+from the plan; nothing below calls back up with the config.
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ import torch
 from tqdm import tqdm
 
 from ..data import DataError
-from ..precision import set_numerics
+from ..engine.host_memory import retain_freed_memory
+from ..optim import Recipe
+from ..replicas import get_rule
 from . import runio
+from .checkpoints import Checkpoints
 from .config import ConfigError, RunConfig, check_same_run
 from .evaluation import evaluate, reestimate_batch_norm
 from .population import evaluate_population
-from .session import Session
+from .session import Session, SessionPlan
 
 LOG_EVERY = 25  # ticks between reads of the head's loss log (each read waits for the device)
 
@@ -46,13 +54,62 @@ class Diverged(RuntimeError):
     checkpoint was kept."""
 
 
-def setup_runtime(cfg: RunConfig) -> torch.device:
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    set_numerics(cfg.precision, cfg.deterministic)  # TF32 flags, deterministic algorithms, cuDNN benchmark
+def recipe_of(cfg: RunConfig) -> Recipe:
+    return Recipe(
+        base_lr=cfg.base_lr,
+        momentum=cfg.momentum,
+        nesterov=True,
+        weight_decay=cfg.weight_decay,
+        warmup_epochs=cfg.warmup_epochs,
+        milestones=tuple(cfg.milestones),
+        gamma=cfg.gamma,
+        scale_lr=cfg.scale_lr,
+        optimizer=cfg.optimizer,
+    )
+
+
+def data_arguments(cfg: RunConfig) -> dict:
+    """The arguments of :func:`petra_core.data.build_data` for the run's data."""
+    common = dict(batch_size=cfg.batch_size, seed=cfg.seed, subset=cfg.subset, eval_batch_size=cfg.eval_batch_size)
+    if cfg.dataset == "synthetic":
+        return dict(
+            name="synthetic",
+            n_train=cfg.synthetic_train,
+            n_test=cfg.synthetic_test,
+            num_classes=cfg.synthetic_classes,
+            **common,
+        )
+    return dict(name=cfg.dataset, source=cfg.data_source, prepared_dir=cfg.prepared_path(), **common)
+
+
+def session_plan(cfg: RunConfig) -> SessionPlan:
+    """Everything the run's session is made of, read from its config once (the session never sees it)."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda' but no CUDA device is visible; allowed here: cpu")
-    return torch.device(cfg.device)
+    recipe = recipe_of(cfg)
+    rule = get_rule(cfg.replica_rule, stages=cfg.rule_stages, options=cfg.rule_options, seed=cfg.seed)
+    data = data_arguments(cfg)
+    return SessionPlan(
+        runtime=cfg.runtime,
+        device=torch.device(cfg.device),
+        threads=cfg.threads,
+        precision=cfg.precision,
+        deterministic=cfg.deterministic,
+        dist_timeout=cfg.dist_timeout,
+        replicas=cfg.replicas,
+        data=data,
+        model=dict(arch=cfg.arch, width=cfg.width, aux_head=cfg.aux_head),
+        seed=cfg.seed,
+        channels_last=cfg.channels_last,
+        epochs=cfg.epochs,
+        prefetch=cfg.prefetch if cfg.prefetch is not None else (4 if cfg.device == "cuda" else 0),
+        method=cfg.method,
+        k=cfg.k,
+        batch_size=cfg.batch_size,
+        recipe=recipe,
+        rule=rule,
+        placement=cfg.placement,
+    )
 
 
 @contextmanager
@@ -96,13 +153,16 @@ def train(
     if (run_dir / runio.METRICS).exists():
         log(f"{run_dir}: already finished")
         return runio.read_json(run_dir / runio.METRICS)
-    device = setup_runtime(cfg)
-    rt = Session(
-        cfg, run_dir, device, checkpoint_dir=checkpoint_dir, on_start=None if on_tick is None else lambda: on_tick(-1)
-    )
+    checkpoints = Checkpoints(Path(checkpoint_dir) if checkpoint_dir is not None else run_dir, cfg)
+    manifest = checkpoints.read_manifest()  # before any process waits for another: all read it alike
+    # every tick frees and reallocates the same activation-sized host buffers (host_memory.py)
+    host_malloc = "retain" if retain_freed_memory() else "system"
+    trainer = Trainer(cfg, run_dir, on_tick, log, until_epoch=until_epoch, host_malloc=host_malloc)
+    plan = session_plan(cfg)
+    rt = Session(plan, checkpoints, manifest, on_start=None if on_tick is None else lambda: on_tick(-1))
     ok = False
     try:
-        metrics = Trainer(rt, cfg, run_dir, on_tick, log, until_epoch=until_epoch).run()
+        metrics = trainer.run(rt)
         ok = True
         return metrics
     except (Interrupted, Diverged, ConfigError, DataError):  # raised by every rank together
@@ -119,16 +179,23 @@ class Trainer:
     """One run's training loop in named phases: :meth:`resume`, :meth:`write_run_files`, then per
     tick :meth:`advance` → :meth:`read_head_log` → :meth:`agree` → :meth:`end_epoch` (at an
     epoch's last tick) → :meth:`stop_if_signalled`, and :meth:`finish`. Every rank of a
-    distributed run runs the same phases at the same ticks (the collectives keep them in step)."""
+    distributed run runs the same phases at the same ticks (the collectives keep them in step). It is
+    made from the config before the session exists; :meth:`run` trains the session's pipeline."""
 
     def __init__(
-        self, session: Session, cfg: RunConfig, run_dir: Path, on_tick=None, log=print, until_epoch: int | None = None
+        self,
+        cfg: RunConfig,
+        run_dir: Path,
+        on_tick=None,
+        log=print,
+        *,
+        until_epoch: int | None = None,
+        host_malloc: str = "system",
     ):
-        self.rt, self.cfg, self.run_dir, self.on_tick, self.log = session, cfg, run_dir, on_tick, log
+        self.cfg, self.run_dir, self.on_tick, self.log = cfg, run_dir, on_tick, log
         self.until_epoch = until_epoch
-        self.pipe = session.pipe
-        self.B, self.G = session.batches_per_epoch, session.stream_batches_per_epoch  # per replica; the stream's
-        self.epoch_end = {self.pipe.schedule.backward_tick((e + 1) * self.B - 1, 0): e for e in range(cfg.epochs)}
+        self.host_malloc = host_malloc  # what retain_freed_memory() set: "retain" or "system" (env.json)
+        self.rt: Session | None = None
         self.history: list[dict] = []
         self.saved = {"tick": None, "epochs": 0}  # the checkpoint on disk
         self.checked = 0  # head-log records already checked for a finite loss
@@ -155,12 +222,20 @@ class Trainer:
     def write_run_files(self) -> None:
         def write():
             runio.write_yaml(self.run_dir / runio.CONFIG, self.cfg.to_dict())
-            runio.write_json(self.run_dir / runio.ENV, {**runio.environment(self.cfg.device), **self.rt.environment()})
+            env = {**runio.environment(self.cfg.device), **self.rt.environment(), "host_malloc": self.host_malloc}
+            runio.write_json(self.run_dir / runio.ENV, env)
 
         self.rt.on_main(write)
 
-    def run(self) -> dict:
+    def _attach(self, session: Session) -> None:
+        """Train ``session``'s pipeline."""
+        self.rt, self.pipe = session, session.pipe
+        self.B, self.G = session.batches_per_epoch, session.stream_batches_per_epoch  # per replica; the stream's
+        self.epoch_end = {self.pipe.schedule.backward_tick((e + 1) * self.B - 1, 0): e for e in range(self.cfg.epochs)}
+
+    def run(self, session: Session) -> dict:
         """Every phase, from resuming to the final metrics."""
+        self._attach(session)
         self.resume()
         self.write_run_files()
         cfg, pipe = self.cfg, self.pipe
@@ -322,7 +397,7 @@ class FidelityLog:
         if every and not sim.schedule.fixed_weights_in_flight:
             import pandas as pd
 
-            from ..accounting import track_fidelity
+            from ..engine.fidelity import track_fidelity
 
             self.tracker = track_fidelity(sim, every=every)
             try:  # what a resumed run had written (a file without a row yet has no header either)

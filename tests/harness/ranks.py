@@ -21,12 +21,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from petra_core.accounting import measure_stage_costs
-from petra_core.engine.assembly import GetBatch
-from petra_core.engine.distributed import DEFAULT_TIMEOUT, DistributedPipeline, PipelineError
+from petra_core.engine import Pipeline, PipelineSpec
+from petra_core.engine.distributed import DEFAULT_TIMEOUT, DistributedWorld, PipelineError
+from petra_core.engine.host_memory import retain_freed_memory
 from petra_core.engine.launch import fail, init_distributed, launch_local
 from petra_core.engine.observers import Observer
 from petra_core.engine.placement import format_placement, format_stages
+from petra_core.engine.spec import GetBatch
+from petra_core.engine.stage_costs import measure_stage_costs
 from petra_core.methods.schedule import fill_drain
 from petra_core.models import StagedModel
 from petra_core.optim import Recipe
@@ -158,7 +160,7 @@ class Timings:
     tick_ends: list[float]  # perf_counter() at the end of each tick
 
 
-def timings(pipe: DistributedPipeline) -> Timings:
+def timings(pipe: Pipeline) -> Timings:
     s = pipe.world.transport.stats
     return Timings(
         pipe.rank,
@@ -176,7 +178,7 @@ def timings(pipe: DistributedPipeline) -> Timings:
     )
 
 
-def throughput(pipe: DistributedPipeline, timings: list[Timings], batch: int, warmup: int) -> dict:
+def throughput(pipe: Pipeline, timings: list[Timings], batch: int, warmup: int) -> dict:
     """Images/s over the whole run, and over the window where the pipeline is full (pipelined
     schedules: ticks 2(J-1) .. n; flushed ones: from the first flush group after ``warmup``
     minibatches to the end, whole groups)."""
@@ -198,68 +200,73 @@ def throughput(pipe: DistributedPipeline, timings: list[Timings], batch: int, wa
     return out
 
 
-def _run_one(args, method: str, device: torch.device) -> None:
+def build_pipeline(args, method: str, device: torch.device) -> Pipeline:
+    """This rank's pipeline of the demo run (every rank builds the same spec in its own world)."""
     model, get_batch, recipe = demo_setup(args)
-    pipe = DistributedPipeline(
-        model,
-        method,
-        num_batches=args.steps,
-        get_batch=get_batch,
-        batch_size=args.batch,
-        k=args.k,
-        recipe=recipe,
-        placement=args.placement,
-        measure=measure_stage_costs,
-        device=device,
-        replicas=args.replicas,
-        rule=get_rule(args.rule, stages=args.rule_stages, options=args.rule_options, seed=0),
-        timeout=args.timeout,
-        sync_timing=device.type == "cuda",
+    world = DistributedWorld(device, timeout=args.timeout, replicas=args.replicas)
+    return Pipeline.build(
+        PipelineSpec(
+            model=model,
+            method=method,
+            recipe=recipe,
+            num_batches=args.steps,
+            k=args.k,
+            rule=get_rule(args.rule, stages=args.rule_stages, options=args.rule_options, seed=0),
+            world=world,
+            get_batch=get_batch,
+            batch_size=args.batch,
+            placement=args.placement,
+            measure=measure_stage_costs,
+            sync_timing=device.type == "cuda",
+        )
     )
-    fetched = Fetched()
-    pipe.observers.append(fetched)
-    fault = None
-    if args.fault:
-        r, t, kind = args.fault.split(":")
-        if kind not in ("kill", "exit", "hang"):
-            raise ValueError(f"unknown fault kind {kind!r}; allowed: kill, exit, hang")
-        fault = (int(t), kind) if int(r) == pipe.rank else None
-    while not pipe.done:
-        if fault is not None and pipe.tick == fault[0]:
-            print(
-                f"petra: fault injection: {fault[1]} on {pipe.world.placement.describe()} at tick {pipe.tick}",
-                file=sys.stderr,
-                flush=True,
-            )
-            if fault[1] == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            elif fault[1] == "exit":
-                os._exit(3)
-            while True:  # hang: the watchdog ends the process once a neighbour reports it
-                time.sleep(1)
-        pipe.advance()
-    if args.where:
-        with open(f"{args.where}.{pipe.rank}.json", "w") as f:
-            json.dump(
-                {
-                    "rank": pipe.rank,
-                    "local_rank": int(os.environ.get("LOCAL_RANK", -1)),
-                    "group_rank": int(os.environ.get("GROUP_RANK", -1)),
-                    "replica": pipe.world.placement.replica,
-                    "position": pipe.world.placement.position,
-                    "stages": format_stages(pipe.stages),
-                    "device": str(pipe.workers[0].device),
-                    "fetched": fetched.minibatches,
-                },
-                f,
-            )
-    sd, log, all_timings = pipe.gather_state_dict(), pipe.gather_head_log(), pipe.gather_object(timings(pipe))
-    pipe.close()
-    if pipe.rank != 0:
-        return
+
+
+def fault_of(args, rank: int) -> tuple[int, str] | None:
+    """(tick, kind) of the fault this rank injects (``--fault RANK:TICK:KIND``), None if none."""
+    if not args.fault:
+        return None
+    r, t, kind = args.fault.split(":")
+    if kind not in ("kill", "exit", "hang"):
+        raise ValueError(f"unknown fault kind {kind!r}; allowed: kill, exit, hang")
+    return (int(t), kind) if int(r) == rank else None
+
+
+def inject(pipe: Pipeline, kind: str) -> None:
+    print(
+        f"petra: fault injection: {kind} on {pipe.world.placement.describe()} at tick {pipe.tick}",
+        file=sys.stderr,
+        flush=True,
+    )
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "exit":
+        os._exit(3)
+    while True:  # hang: the watchdog ends the process once a neighbour reports it
+        time.sleep(1)
+
+
+def write_where(path: str, pipe: Pipeline, fetched: Fetched) -> None:
+    """This rank's place in the run (``--where``)."""
+    with open(f"{path}.{pipe.rank}.json", "w") as f:
+        json.dump(
+            {
+                "rank": pipe.rank,
+                "local_rank": int(os.environ.get("LOCAL_RANK", -1)),
+                "group_rank": int(os.environ.get("GROUP_RANK", -1)),
+                "replica": pipe.world.placement.replica,
+                "position": pipe.world.placement.position,
+                "stages": format_stages(pipe.stages),
+                "device": str(pipe.workers[0].device),
+                "fetched": fetched.minibatches,
+            },
+            f,
+        )
+
+
+def report(args, method: str, device: torch.device, pipe: Pipeline, log: list, all_timings: list[Timings]) -> None:
+    """Rank 0: throughput and per-rank timings, printed and (``--json``) written."""
     fmt = lambda s: s.replace("{method}", method)  # noqa: E731
-    if args.save:
-        torch.save(sd, fmt(args.save))
     tp = throughput(pipe, all_timings, args.batch, args.warmup)
     steady = ""
     if "steady_window" in tp:
@@ -298,6 +305,26 @@ def _run_one(args, method: str, device: torch.device) -> None:
             )
 
 
+def run_one(args, method: str, device: torch.device) -> None:
+    pipe = build_pipeline(args, method, device)
+    fetched = Fetched()
+    pipe.observers.append(fetched)
+    fault = fault_of(args, pipe.rank)
+    while not pipe.done:
+        if fault is not None and pipe.tick == fault[0]:
+            inject(pipe, fault[1])
+        pipe.advance()
+    if args.where:
+        write_where(args.where, pipe, fetched)
+    sd, log, all_timings = pipe.gather_state_dict(), pipe.gather_head_log(), pipe.gather_object(timings(pipe))
+    pipe.close()
+    if pipe.rank != 0:
+        return
+    if args.save:
+        torch.save(sd, args.save.replace("{method}", method))
+    report(args, method, device, pipe, log, all_timings)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.spawn:
@@ -312,6 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if all(c == 0 for c in codes) else 1
     if args.threads:
         torch.set_num_threads(args.threads)
+    retain_freed_memory()  # as a run does: every tick frees and reallocates the same buffers (host_memory.py)
     try:
         device = init_distributed(
             None if args.device != "cpu" else "gloo",
@@ -319,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             device=None if args.device == "auto" else args.device,
         )
         for method in args.method.split(","):
-            _run_one(args, method.strip(), device)
+            run_one(args, method.strip(), device)
         dist.barrier()
         dist.destroy_process_group()
     except PipelineError as err:

@@ -20,9 +20,10 @@ from pathlib import Path
 import yaml
 
 from petra_core import build_model
+from petra_core.data import build_data
 from petra_core.run import runio
 from petra_core.run.config import RunConfig
-from petra_core.run.session import load_data
+from petra_core.run.trainer import data_arguments
 
 FIELDS = ("params", "aux_params", "stages", "stage_kinds")
 
@@ -34,7 +35,9 @@ def upgrade(run_dir: Path, revision: str) -> bool:
     if all(field in metrics for field in FIELDS):
         return False
     cfg = RunConfig.from_dict(yaml.safe_load((run_dir / runio.CONFIG).read_text()))
-    data = load_data(cfg)  # the classes and stem the run trained with (prepared arrays, memory-mapped)
+    data = build_data(
+        **data_arguments(cfg)
+    )  # the classes and stem the run trained with (prepared arrays, memory-mapped)
     model = build_model(cfg.arch, num_classes=data.num_classes, stem=data.stem, width=cfg.width, aux_head=cfg.aux_head)
     added = {
         "params": model.num_params(),

@@ -4,14 +4,13 @@
 (:class:`RankPlacement`: this rank's cell of the mesh), ``transport`` (stage messages point to
 point), ``wire`` (their format), ``replica_group`` (the replica axis), ``ranks``
 (:class:`DistributedRanks`: the clock, the run's collectives, failure reports), ``failures``
-(:class:`PipelineError`, the shared failure key, heartbeats), ``pipeline``
-(:class:`DistributedPipeline`: the one runner in a distributed world). Processes are started and
-joined by ``petra_core.engine.launch``; ``petra train ... runtime=distributed`` under torchrun is the
+(:class:`PipelineError`, the shared failure key, heartbeats). A rank's pipeline is the one runner
+built in its world, ``Pipeline.build(PipelineSpec(world=DistributedWorld(...), ...))``. Processes
+are started and joined by ``petra_core.engine.launch``; ``petra train ... runtime=distributed`` under torchrun is the
 training entry point. See docs/distributed.md.
 """
 
 from .failures import DEFAULT_TIMEOUT, FAILURE_KEY, FailureWatch, PipelineError
-from .pipeline import DistributedPipeline
 from .placement import RankPlacement
 from .ranks import DistributedRanks
 from .replica_group import DistributedReplicaGroup
@@ -21,7 +20,6 @@ from .world import DistributedWorld, model_fingerprint
 __all__ = [
     "DEFAULT_TIMEOUT",
     "FAILURE_KEY",
-    "DistributedPipeline",
     "DistributedRanks",
     "DistributedReplicaGroup",
     "DistributedTransport",

@@ -1,5 +1,8 @@
 """Gradient fidelity of delayed methods: the accumulated gradient vs backprop at the same weights.
 
+An observer of the engine's own workers, needing nothing above it: a run attaches it
+(``fidelity_every``, ``run/trainer.py``) and the accounting samples it (``accounting/costs.py``).
+
 At a tracked optimizer step of stage j, ``param.grad`` holds the gradient the method accumulated
 over one group of k minibatches (the tracker observes the runner's ``before("step", ...)``, right
 before ``optimizer.step()``, after the replica rule has combined the copies' gradients). The

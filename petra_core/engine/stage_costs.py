@@ -1,4 +1,8 @@
-"""Measured cost of every stage, for placing stages on devices (``placement: balanced``)."""
+"""Measured cost of every stage, for placing stages on devices (``placement: balanced``).
+
+It lives with the engine, beside the placement it feeds: it times the stages as a worker runs them
+and needs nothing above the engine, so a run (``run/session.py``) can pass it in without reaching
+up to the accounting."""
 
 from __future__ import annotations
 
