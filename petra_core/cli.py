@@ -66,7 +66,12 @@ def cmd_train(args) -> int:
 
     try:
         metrics = train(
-            cfg, run_dir, checkpoint_dir=args.checkpoint_dir, on_tick=fault_hook(args.fault_at, rank), log=say
+            cfg,
+            run_dir,
+            checkpoint_dir=args.checkpoint_dir,
+            on_tick=fault_hook(args.fault_at, rank),
+            log=say,
+            fault_at=args.fault_at,
         )
     except Interrupted as stop:
         say(f"petra: stopped: {stop}")

@@ -1,5 +1,6 @@
 """``petra train --fault-at``: the explicit fault injection that the resume tests drive."""
 
+import json
 import signal
 
 import pytest
@@ -46,3 +47,15 @@ def test_the_cli_refuses_a_bad_fault_list_before_anything_runs(tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["petra: error: --fault-at 'zero:1' is not of the form RANK:TICK[:SIGNAL][,...]"], err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_stopped_by_a_fault_says_so_in_its_env_record(tmp_path):
+    from conftest import argv, tiny_run
+
+    run = tmp_path / "run"
+    config = argv(tiny_run(epochs=1, synthetic_train=64, synthetic_test=32, batch_size=16, bn_reestimate_batches=0))
+    assert main(["train", *config, "--run-dir", str(run), "--fault-at", "0:3:SIGINT"]) == 130
+    env = json.loads((run / "env.json").read_text())
+    assert env["fault_at"] == "0:3:SIGINT" and env["host_malloc"] in ("retain", "system")
+    assert main(["train", *config, "--run-dir", str(run)]) == 0  # resumed without a fault
+    assert "fault_at" not in json.loads((run / "env.json").read_text())

@@ -136,6 +136,7 @@ def train(
     on_tick=None,
     log=print,
     until_epoch: int | None = None,
+    fault_at: str | None = None,
 ) -> dict:
     """Run (or resume, or report) the run ``cfg`` in ``run_dir``; returns the final metrics.
 
@@ -145,7 +146,8 @@ def train(
     The checkpoint lives in ``checkpoint_dir`` (default: ``run_dir``), records in ``run_dir``.
     With ``runtime: distributed`` every rank calls this (under torchrun); all return the metrics.
     ``on_tick(tick)`` is called after every tick, before the ranks agree on stopping (and with
-    tick -1 once this process has joined the run, before its pipeline is built).
+    tick -1 once this process has joined the run, before its pipeline is built). ``fault_at``: the
+    ``--fault-at`` list that made ``on_tick`` (run/faults.py), recorded in ``env.json``.
     """
     run_dir = Path(run_dir)
     config_file = run_dir / runio.CONFIG
@@ -157,7 +159,7 @@ def train(
     manifest = checkpoints.read_manifest()  # before any process waits for another: all read it alike
     # every tick frees and reallocates the same activation-sized host buffers (host_memory.py)
     host_malloc = "retain" if retain_freed_memory() else "system"
-    trainer = Trainer(cfg, run_dir, on_tick, log, until_epoch=until_epoch, host_malloc=host_malloc)
+    trainer = Trainer(cfg, run_dir, on_tick, log, until_epoch=until_epoch, host_malloc=host_malloc, fault_at=fault_at)
     plan = session_plan(cfg)
     rt = Session(plan, checkpoints, manifest, on_start=None if on_tick is None else lambda: on_tick(-1))
     ok = False
@@ -191,10 +193,12 @@ class Trainer:
         *,
         until_epoch: int | None = None,
         host_malloc: str = "system",
+        fault_at: str | None = None,
     ):
         self.cfg, self.run_dir, self.on_tick, self.log = cfg, run_dir, on_tick, log
         self.until_epoch = until_epoch
         self.host_malloc = host_malloc  # what retain_freed_memory() set: "retain" or "system" (env.json)
+        self.fault_at = fault_at  # faults injected on purpose (--fault-at), said in env.json
         self.rt: Session | None = None
         self.history: list[dict] = []
         self.saved = {"tick": None, "epochs": 0}  # the checkpoint on disk
@@ -223,6 +227,8 @@ class Trainer:
         def write():
             runio.write_yaml(self.run_dir / runio.CONFIG, self.cfg.to_dict())
             env = {**runio.environment(self.cfg.device), **self.rt.environment(), "host_malloc": self.host_malloc}
+            if self.fault_at:
+                env["fault_at"] = self.fault_at
             runio.write_json(self.run_dir / runio.ENV, env)
 
         self.rt.on_main(write)
