@@ -6,6 +6,8 @@
   ``key=value`` arguments; ``TIMING`` / ``untimed``: a run record without its wall-clock keys.
 """
 
+import socket
+
 import pytest
 import torch
 from torch import nn
@@ -91,3 +93,10 @@ class BeforeStep(Observer):
 def batches_tracked(module: nn.Module) -> list[int]:
     """num_batches_tracked of every batch-norm layer (one update per minibatch is checked)."""
     return [int(m.num_batches_tracked) for m in module.modules() if isinstance(m, _BatchNorm)]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for a launch that names its own port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -21,11 +21,12 @@ import time
 
 import pytest
 import torch
+from conftest import free_port
 from harness.compare import assert_bit_for_bit, check_outcome, simulator_state
 from harness.ranks import RANKS
 
 from petra_core.engine.distributed.wire import SLOTS, flatten, from_wire, restore_layout, to_wire, unflatten
-from petra_core.engine.launch import free_port, launch_local
+from petra_core.engine.launch import launch_local
 from petra_core.engine.placement import (
     check_placement,
     even_partition,

@@ -23,10 +23,10 @@ import sys
 import pytest
 import torch
 import torch.distributed
-from conftest import argv, tiny_run, untimed
+from conftest import argv, free_port, tiny_run, untimed
 
 from petra_core.cli import main
-from petra_core.engine.launch import free_port, launch_local
+from petra_core.engine.launch import launch_local
 from petra_core.run import runio
 
 # PETRA with k=2, 8 minibatches of 16 an epoch: 34 ticks in all

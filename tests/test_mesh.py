@@ -19,10 +19,11 @@ import sys
 
 import pytest
 import torch
+from conftest import free_port
 from harness.compare import assert_bit_for_bit, check_outcome, simulator_state
 from harness.ranks import RANKS
 
-from petra_core.engine.launch import free_port, launch_local
+from petra_core.engine.launch import launch_local
 from petra_core.engine.worlds import Mesh
 
 COMMON = [

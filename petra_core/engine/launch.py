@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -68,13 +67,6 @@ def fail(err: BaseException, code: int = 1) -> None:
         flush=True,
     )
     os._exit(code)
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (for local launches)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_environment(rank: int, nprocs: int, port: int, env: dict | None = None) -> dict:

@@ -337,10 +337,6 @@ class Pipeline:
         """Floats this process's replica groups have put into collectives in the run (checkpointed)."""
         return sum(g.floats_sent for g in self._groups())
 
-    def gather_head_log(self, dst: int = 0) -> list[HeadRecord] | None:
-        logs = self.gather_object(self.head_log, dst)
-        return None if logs is None else sorted((r for log in logs for r in log), key=lambda r: r.mb)
-
     # ---- checkpointing ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """This process's in-flight pipeline at a tick boundary: its workers' state (storage

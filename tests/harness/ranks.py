@@ -160,6 +160,12 @@ class Timings:
     tick_ends: list[float]  # perf_counter() at the end of each tick
 
 
+def gather_head_log(pipe: Pipeline) -> list | None:
+    """Every rank's head records on rank 0, by minibatch (None elsewhere)."""
+    logs = pipe.gather_object(pipe.head_log)
+    return None if logs is None else sorted((r for log in logs for r in log), key=lambda r: r.mb)
+
+
 def timings(pipe: Pipeline) -> Timings:
     s = pipe.world.transport.stats
     return Timings(
@@ -316,7 +322,7 @@ def run_one(args, method: str, device: torch.device) -> None:
         pipe.advance()
     if args.where:
         write_where(args.where, pipe, fetched)
-    sd, log, all_timings = pipe.gather_state_dict(), pipe.gather_head_log(), pipe.gather_object(timings(pipe))
+    sd, log, all_timings = pipe.gather_state_dict(), gather_head_log(pipe), pipe.gather_object(timings(pipe))
     pipe.close()
     if pipe.rank != 0:
         return
