@@ -46,8 +46,11 @@ def costs_stage() -> dict:
 
 
 def measured_stage(study: Study) -> dict:
-    """A measured study's records, made by its Snakemake rule (asked for the last record it writes)."""
-    stage = {"desc": study.about, "cmd": f"snakemake --cores 1 -- {study.results}/{study.records[-1]}"}
+    """A measured study's records, made by its Snakemake rule (asked for the last record it writes).
+    DVC runs the stage only when a dependency changed, and then it must measure again: Snakemake,
+    which sees committed records as never stale (the rule has no input), is told to (--forcerun)."""
+    target = f"{study.results}/{study.records[-1]}"
+    stage = {"desc": study.about, "cmd": f"snakemake --cores 1 --forcerun {study.name} -- {target}"}
     if study.deps:
         stage["deps"] = list(study.deps)
     stage["outs"] = [{study.results: {**RECORD, "persist": True}}]
