@@ -137,7 +137,7 @@ def test_a_new_study_gets_its_dvc_stage_and_render_dependency(registry):
     pipeline = dvc_stages.pipeline(studies.load_all(registry), str(registry))
     assert pipeline["stages"]["toy"] == {
         "desc": TOY["about"],
-        "cmd": "snakemake --cores 1 -- results/toy/toy.csv",
+        "cmd": "snakemake --cores 1 --forcerun toy -- results/toy/toy.csv",
         "outs": [{"results/toy": {"cache": False, "persist": True}}],
     }
     deps = pipeline["stages"]["render"]["deps"]
