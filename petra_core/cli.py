@@ -1,7 +1,8 @@
 """The ``petra`` command: train, prepare data, print the schedule.
 
-Errors a user can fix (bad config, missing or corrupt data, diverged run) are reported as one
-line, ``petra: error: ...``, with a non-zero exit status.
+Errors a user can fix (bad config, missing or corrupt data, a diverged run, an unwritable or full
+disk, a missing input, Ctrl-C) are reported as one line, ``petra: error: ...``, with the exit
+status ``cli_errors.EXIT_CODES`` gives it (listed by ``petra --help``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from .cli_errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED, exit_codes_epilog, run_guarded
 from .data import DATASETS, DataError, prepare
 from .methods import METHODS
 from .run.config import ConfigError, RunConfig
@@ -75,10 +77,10 @@ def cmd_train(args) -> int:
         )
     except Interrupted as stop:
         say(f"petra: stopped: {stop}")
-        return 130
+        return EXIT_INTERRUPTED
     except Diverged as err:
         say(f"petra: error: {err}")
-        return 3
+        return EXIT_DIVERGED
     except Exception as err:
         if not distributed:
             raise
@@ -96,7 +98,7 @@ def distributed_exit(err: Exception, say) -> int:
     together (one line, exit 2); anything else must exit the rank, not hang in teardown."""
     if isinstance(err, (ConfigError, DataError, ValueError)):
         say(f"petra: error: {err}")
-        return 2
+        return EXIT_BAD_INPUT
     from .engine.launch import fail
 
     fail(err)
@@ -135,7 +137,12 @@ def cmd_schedule(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="petra", description="PETRA: pipelined training of reversible networks")
+    parser = argparse.ArgumentParser(
+        prog="petra",
+        description="PETRA: pipelined training of reversible networks",
+        epilog=exit_codes_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
@@ -228,11 +235,7 @@ def _extensions():
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except (ConfigError, DataError, ValueError) as err:
-        print(f"petra: error: {err}", file=sys.stderr)
-        return 2
+    return run_guarded(args.func, args)
 
 
 if __name__ == "__main__":

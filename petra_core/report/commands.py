@@ -6,6 +6,7 @@ stays fast and a missing plotting library only affects ``petra figures``.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ..run.runio import GPU_RESULTS
@@ -26,7 +27,10 @@ def study_dirs(pairs: list[str]) -> dict[str, str]:
 def cmd_results(args) -> int:
     from . import results
 
-    frames = results.collect(args.profile, root=args.root, allow_missing=args.allow_missing)
+    def say(msg: str) -> None:
+        print(f"petra results: {msg}", file=sys.stderr)
+
+    frames = results.collect(args.profile, root=args.root, allow_missing=args.allow_missing, log=say)
     for path in results.write(frames, args.out):
         print(path)
     return 0
@@ -92,7 +96,7 @@ def register(sub) -> None:
     p.add_argument("--profile", required=True, help="workflow/config/profiles/NAME.yaml")
     p.add_argument("--out", required=True, help="output directory, e.g. results/NAME")
     p.add_argument("--root", default=".", help="repository root the runs/ paths are relative to")
-    p.add_argument("--allow-missing", action="store_true", help="leave out runs not finished yet")
+    p.add_argument("--allow-missing", action="store_true", help="leave out runs not finished yet (named on stderr)")
     p.set_defaults(func=cmd_results)
 
     for name, func, what in (

@@ -63,6 +63,11 @@ def atomic_write(path: Path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        if err.filename is None:  # a full disk fails in write() or fsync(), which name no file
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -114,8 +119,10 @@ def _what(err: BaseException) -> str:
 
 
 RECORD_ADVICE = (
-    "a full disk, an interrupted copy or a partial pull leaves files so; restore it from git "
-    "(git checkout -- FILE) or train the run again"
+    "a full disk, an interrupted copy or a partial pull leaves files so; if the run finished and its "
+    "checkpoint is there, delete FILE and the run's metrics.json and run the same petra train again (it rebuilds the "
+    "records from the checkpoint in seconds); if the record is committed, restore it (git checkout -- FILE); "
+    "or train the run again"
 )
 CHECKPOINT_ADVICE = (
     "a full disk, an interrupted copy or a partial `dvc pull` leaves files so; fetch it again "
