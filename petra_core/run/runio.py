@@ -16,10 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
 import yaml
-
-from ..precision import numerics
 
 CONFIG, ENV, HISTORY, METRICS, CHECKPOINT = "config.yaml", "env.json", "history.json", "metrics.json", "checkpoint.pt"
 FIDELITY = "fidelity.csv"  # a run's gradient-fidelity log (fidelity_every > 0)
@@ -147,11 +144,15 @@ def read_yaml(path: Path):
 
 
 def save_checkpoint(path: Path, state: dict) -> None:
+    import torch  # here, not at the top: the report and the CLI read run files without torch
+
     atomic_write(path, lambda f: torch.save(state, f))
 
 
 def load_checkpoint(path: Path) -> dict:
     """A checkpoint (or part) petra wrote; :class:`DamagedFile` if it cannot be read back."""
+    import torch
+
     # our own file: it holds dataclass messages and optimizer state, so not weights_only
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
@@ -200,9 +201,11 @@ def git_revision(outputs: tuple[str, ...] = (), repo: Path | None = None) -> str
 
 def environment(device: str) -> dict:
     """What a reader needs to interpret the run's numbers."""
+    import torch
     import torchvision
 
     from .. import __version__
+    from ..precision import numerics
 
     env = {
         "petra": __version__,
