@@ -51,8 +51,7 @@ def test_train_into_a_directory_without_permission_is_one_line(tmp_path, monkeyp
     monkeypatch.setattr(os, "open", refuse)
     assert main(["train", *argv(RUN), "--run-dir", str(run_dir)]) == cli_errors.EXIT_FILESYSTEM
     err = one_line(capsys)
-    assert str(run_dir) in err and "permission denied" in err
-    assert not any(run_dir.glob("*.tmp")) if run_dir.exists() else True
+    assert err.startswith(f"petra: error: {run_dir}: permission denied; choose a location you can write")
 
 
 def test_a_full_disk_names_the_file_and_leaves_nothing_half_written(tmp_path, monkeypatch, capsys):
@@ -169,3 +168,35 @@ def test_every_exit_code_is_in_the_help(capsys):
     out = capsys.readouterr().out
     for code in cli_errors.EXIT_CODES:
         assert f"  {code} " in out
+
+
+def test_prepare_on_a_full_disk_names_the_output_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "prepared" / "synthetic"
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    assert main(["prepare", "synthetic", "--out", str(out)]) == cli_errors.EXIT_FILESYSTEM
+    err = one_line(capsys)
+    assert err.startswith(f"petra: error: {out}: no space left on the device")
+    assert list(out.parent.iterdir()) == [], "a half-written dataset was left behind"
+
+
+def test_resuming_into_a_directory_without_permission_is_one_line(tmp_path, monkeypatch, capsys):
+    from petra_core.run.config import RunConfig
+    from petra_core.run.trainer import train
+
+    run_dir = tmp_path / "run"
+    config = {**RUN, "epochs": 2}
+    train(RunConfig.from_dict(config), run_dir, until_epoch=1, log=lambda msg: None)  # a checkpoint, no metrics
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+
+    def refuse(path, *args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+
+    monkeypatch.setattr(os, "open", refuse)
+    assert main(["train", *argv(config), "--run-dir", str(run_dir)]) == cli_errors.EXIT_FILESYSTEM
+    assert one_line(capsys).startswith(f"petra: error: {run_dir}: permission denied")
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before  # nothing half-written

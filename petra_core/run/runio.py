@@ -52,7 +52,10 @@ def atomic_write(path: Path, write) -> None:
     The file gets the mode a plain ``open()`` would give it (not mkstemp's private 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:  # name the directory the user must fix, not a temporary name in it
+        raise OSError(err.errno, err.strerror, str(path.parent)) from err
     try:
         os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
