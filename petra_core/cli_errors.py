@@ -80,8 +80,10 @@ def run_guarded(func, args) -> int:
     except OSError as err:
         return _say(describe_os_error(err, output_path(args)), EXIT_FILESYSTEM)
     except KeyboardInterrupt:
+        path = output_path(args)
         return _say(
-            "interrupted; petra replaces a file only once it is whole, so nothing is half-written",
+            f"interrupted{f' (output: {path})' if path else ''}; nothing is half-written (petra replaces "
+            "a file only once it is whole): run the same command again",
             EXIT_INTERRUPTED,
             prefix="stopped",
         )

@@ -143,7 +143,7 @@ def test_ctrl_c_at_start_up_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(RunConfig, "load", interrupted)
     run_dir = tmp_path / "run"
     assert main(["train", *argv(RUN), "--run-dir", str(run_dir)]) == cli_errors.EXIT_INTERRUPTED
-    assert one_line(capsys).startswith("petra: stopped: interrupted")
+    assert one_line(capsys).startswith(f"petra: stopped: interrupted (output: {run_dir}); nothing is half-written")
     assert not run_dir.exists()
 
 
