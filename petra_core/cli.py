@@ -1,7 +1,8 @@
 """The ``petra`` command: train, prepare data, print the schedule.
 
-Errors a user can fix (bad config, missing or corrupt data, diverged run) are reported as one
-line, ``petra: error: ...``, with a non-zero exit status.
+Errors a user can fix (bad config, missing or corrupt data, a diverged run, an unwritable or full
+disk, a missing input, Ctrl-C) are reported as one line, ``petra: error: ...``, with the exit
+status ``cli_errors.EXIT_CODES`` gives it (listed by ``petra --help``).
 """
 
 from __future__ import annotations
@@ -12,10 +13,35 @@ import os
 import sys
 from pathlib import Path
 
-from .data import DATASETS, DataError, prepare
-from .methods import METHODS
-from .run.config import ConfigError, RunConfig
-from .workflow.grid import as_override, default_run_dir, load_profile
+from . import __version__
+from .cli_errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED, exit_codes_epilog, run_guarded
+
+
+class RegistryNames:
+    """A registry's names as argparse ``choices``, read when argparse checks or lists them (give the
+    argument a metavar, or argparse lists them as it builds the parser): the registries import
+    torch, which ``petra --help`` has no need of (seconds of start-up)."""
+
+    def __init__(self, read):
+        self.read = read
+
+    def __contains__(self, name) -> bool:
+        return name in self.read()
+
+    def __iter__(self):
+        return iter(list(self.read()))
+
+
+def dataset_names():
+    from .data.sources import DATASETS
+
+    return DATASETS
+
+
+def method_names():
+    from .methods import METHODS
+
+    return METHODS
 
 
 def train_args(args) -> list[str]:
@@ -29,8 +55,11 @@ def train_args(args) -> list[str]:
     ]
 
 
-def run_config(args) -> RunConfig:
-    """The run's config: the profile's train section, then CONFIG's files and overrides."""
+def run_config(args):
+    """The run's config (a ``RunConfig``): the profile's train section, then CONFIG's files and overrides."""
+    from .run.config import RunConfig
+    from .workflow.grid import as_override, load_profile
+
     files = [a for a in args.config if "=" not in a]
     overrides = [a for a in args.config if "=" in a]
     if args.profile:
@@ -39,15 +68,19 @@ def run_config(args) -> RunConfig:
 
 
 def cmd_train(args) -> int:
-    from .run.faults import fault_hook, parse_faults
-    from .run.trainer import Diverged, Interrupted, train
+    from .run.config import ConfigError, RunConfig
+    from .run.faults import parse_faults
 
     if args.help_config:
         print(RunConfig.describe())
         return 0
     if args.fault_at:
         parse_faults(args.fault_at)  # a bad spec: one line before anything starts
-    cfg = run_config(args)
+    cfg = run_config(args)  # a bad config: one line before torch is imported
+    from .run.faults import fault_hook
+    from .run.trainer import Diverged, Interrupted, train
+    from .workflow.grid import default_run_dir
+
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
     distributed = cfg.runtime == "distributed"
     if distributed and "WORLD_SIZE" not in os.environ:
@@ -75,10 +108,10 @@ def cmd_train(args) -> int:
         )
     except Interrupted as stop:
         say(f"petra: stopped: {stop}")
-        return 130
+        return EXIT_INTERRUPTED
     except Diverged as err:
         say(f"petra: error: {err}")
-        return 3
+        return EXIT_DIVERGED
     except Exception as err:
         if not distributed:
             raise
@@ -94,9 +127,9 @@ def cmd_train(args) -> int:
 def distributed_exit(err: Exception, say) -> int:
     """A rank of a distributed run ends on ``err``: a user's error was raised by every rank
     together (one line, exit 2); anything else must exit the rank, not hang in teardown."""
-    if isinstance(err, (ConfigError, DataError, ValueError)):
+    if isinstance(err, ValueError):  # ConfigError, DataError and the engine's checks subclass it
         say(f"petra: error: {err}")
-        return 2
+        return EXIT_BAD_INPUT
     from .engine.launch import fail
 
     fail(err)
@@ -116,6 +149,8 @@ def cmd_verify(args) -> int:
 
 
 def cmd_prepare(args) -> int:
+    from .data import prepare
+
     out = Path(args.out) if args.out else Path("data/prepared") / args.dataset
     path = prepare(args.dataset, args.source, out, overwrite=args.overwrite)
     print(path)
@@ -123,7 +158,7 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_schedule(args) -> int:
-    method = METHODS[args.method]
+    method = method_names()[args.method]
     schedule = method.schedule(args.stages, args.batches, k=args.k)
     print(schedule.format(args.max_ticks))
     print(
@@ -135,7 +170,13 @@ def cmd_schedule(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="petra", description="PETRA: pipelined training of reversible networks")
+    parser = argparse.ArgumentParser(
+        prog="petra",
+        description="PETRA: pipelined training of reversible networks",
+        epilog=exit_codes_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
@@ -147,8 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="*", metavar="CONFIG", help="YAML files and key=value overrides")
     p.add_argument(
         "--profile",
-        help="an experiment profile (workflow/config/profiles/*.yaml): its train section "
-        "is the base config, before CONFIG",
+        help="an experiment profile, by name (cpu: workflow/config/profiles/cpu.yaml) or path: its "
+        "train section is the base config, before CONFIG",
     )
     p.add_argument("--run-dir", help="run directory (default: runs/DATASET/ARCH-wWIDTH/METHOD-kK-seedSEED)")
     p.add_argument(
@@ -174,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(same code revision, torch, CPU capability and model, threads; on CUDA the GPU, "
         "CUDA and cuDNN). Exit status 0 when bit-identical, 1 when not.",
     )
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a recorded run's directory (config.yaml, history.json)")
     p.add_argument("--epochs", type=int, default=1, help="epochs to retrain and compare (default %(default)s)")
     p.add_argument(
         "--set",
@@ -187,19 +228,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write the report as JSON to this file")
     p.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser("prepare", help="convert a dataset source once into data/prepared/DATASET")
-    p.add_argument("dataset", choices=DATASETS)
+    p = sub.add_parser(
+        "prepare",
+        help="convert a dataset source once into data/prepared/DATASET",
+        description="Convert a raw dataset source once into .npy arrays (an ImageFolder root for imagenet: "
+        "an index of its files) and a manifest of SHA-256 checksums, verified whenever a run loads it. "
+        "synthetic needs no --source (it is generated).",
+    )
+    p.add_argument("dataset", choices=RegistryNames(dataset_names), metavar="DATASET", help="one of: %(choices)s")
     p.add_argument("--source", required=False, help="raw source (tar.gz, image folder, pickle dir, ImageFolder root)")
     p.add_argument("--out", help="output directory (default: data/prepared/DATASET)")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing prepared copy")
     p.set_defaults(func=cmd_prepare)
 
-    p = sub.add_parser("schedule", help="print the delay schedule of a method as a table")
-    p.add_argument("--method", choices=list(METHODS), default="petra")
-    p.add_argument("--stages", type=int, default=4)
-    p.add_argument("--batches", type=int, default=4)
+    p = sub.add_parser(
+        "schedule",
+        help="print the delay schedule of a method as a table",
+        description="Print a method's schedule as its action table, one row per tick and one column per "
+        "stage (F<m>/B<m>: forward/backward of minibatch m; > activation sent up, < gradient sent down, "
+        "* the stage steps), then its tick count and bubble fraction.",
+    )
+    p.add_argument(
+        "--method",
+        choices=RegistryNames(method_names),
+        default="petra",
+        metavar="METHOD",
+        help="the training method (default %(default)s), one of: %(choices)s",
+    )
+    p.add_argument("--stages", type=int, default=4, help="stages J of the pipeline (default %(default)s)")
+    p.add_argument("--batches", type=int, default=4, help="minibatches fed through it (default %(default)s)")
     p.add_argument("-k", type=int, default=1, help="accumulation: backwards per step (GPipe, 1F1B: per flush)")
-    p.add_argument("--max-ticks", type=int)
+    p.add_argument("--max-ticks", type=int, help="print at most this many ticks (default: all)")
     p.set_defaults(func=cmd_schedule)
 
     for register in _extensions():
@@ -228,11 +287,7 @@ def _extensions():
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except (ConfigError, DataError, ValueError) as err:
-        print(f"petra: error: {err}", file=sys.stderr)
-        return 2
+    return run_guarded(args.func, args)
 
 
 if __name__ == "__main__":

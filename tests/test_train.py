@@ -186,3 +186,14 @@ def test_run_directory_of_another_config_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="holds a run with k=1, not 2; use another run directory"):
         train(cfg(epochs=1, k=2), tmp_path / "a", log=lambda m: None)
     train(cfg(epochs=1, progress=True), tmp_path / "a", log=lambda m: None)  # watching differently is fine
+
+
+def test_a_run_logs_one_line_per_epoch_without_a_progress_bar(tmp_path, capsys):
+    """A Snakemake or SLURM log (progress=false) shows the run going: epoch, losses, speed, ETA."""
+    config = {**tiny_run(synthetic_train=32, synthetic_test=16, batch_size=16, epochs=3), "progress": False}
+    assert main(["train", *argv(config), "eval_every=2", "--run-dir", str(tmp_path / "run")]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("epoch ")]
+    assert [line.split(":")[0] for line in lines] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"], lines
+    assert all("train_loss " in line and "train_acc " in line and " images/s, ETA " in line for line in lines)
+    assert "top1 " not in lines[0] and "top1 " in lines[1] and "test_loss " in lines[2]  # evaluated when due
+    assert lines[2].endswith("ETA 0:00:00")

@@ -4,28 +4,26 @@ Observes the engine, never steers it. Every function returns tidy data (lists of
 DataFrames) for the report layer; see docs/accounting.md for the conventions.
 """
 
-from .held import AllocationMeter, held_by_policy, held_by_stage, held_total
-from .memory import measure_steady_state, predict_steady_state
-from .recorder import Recorder
-from .shapes import stage_shapes
-from .table1 import network_costs, per_stage, representative_stage, resnet_messages, run_method, table1
-from .table3 import memory_components, table3
+from ..lazy import lazy
 
-__all__ = [
-    "AllocationMeter",
-    "Recorder",
-    "held_by_policy",
-    "held_by_stage",
-    "held_total",
-    "measure_steady_state",
-    "memory_components",
-    "network_costs",
-    "per_stage",
-    "predict_steady_state",
-    "representative_stage",
-    "resnet_messages",
-    "run_method",
-    "stage_shapes",
-    "table1",
-    "table3",
-]
+# loaded on first use, so ``petra_core.accounting.commands`` (``petra --help``) imports no torch
+_EXPORTS = {
+    "AllocationMeter": "held",
+    "held_by_policy": "held",
+    "held_by_stage": "held",
+    "held_total": "held",
+    "measure_steady_state": "memory",
+    "predict_steady_state": "memory",
+    "Recorder": "recorder",
+    "stage_shapes": "shapes",
+    "network_costs": "table1",
+    "per_stage": "table1",
+    "representative_stage": "table1",
+    "resnet_messages": "table1",
+    "run_method": "table1",
+    "table1": "table1",
+    "memory_components": "table3",
+    "table3": "table3",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy(__name__, _EXPORTS)

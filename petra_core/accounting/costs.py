@@ -92,8 +92,7 @@ def fidelity_sample(
 def measure(settings: dict | None = None) -> dict:
     """Every cost table as a DataFrame, plus a JSON-able record of the settings and the machine."""
     from ..families import build_model
-    from .table1 import network_costs, per_stage, table1
-    from .table3 import table3
+    from . import network_costs, per_stage, table1, table3  # the functions (the package exports them lazily)
 
     given = settings or {}
     settings = {

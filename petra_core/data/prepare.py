@@ -93,6 +93,9 @@ def atomic_directory(out_dir: Path, overwrite: bool) -> Iterator[Path]:
         _fsync_dir(out_dir.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+    except OSError as err:  # a full disk names no file; the temporary one is gone: name out_dir
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(err.errno, err.strerror, str(out_dir)) from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -6,6 +6,7 @@ stays fast and a missing plotting library only affects ``petra figures``.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ..run.runio import GPU_RESULTS
@@ -26,7 +27,10 @@ def study_dirs(pairs: list[str]) -> dict[str, str]:
 def cmd_results(args) -> int:
     from . import results
 
-    frames = results.collect(args.profile, root=args.root, allow_missing=args.allow_missing)
+    def say(msg: str) -> None:
+        print(f"petra results: {msg}", file=sys.stderr)
+
+    frames = results.collect(args.profile, root=args.root, allow_missing=args.allow_missing, log=say)
     for path in results.write(frames, args.out):
         print(path)
     return 0
@@ -89,15 +93,22 @@ def register(sub) -> None:
         "history.csv (per epoch), memory.csv (per stage), fidelity.csv, summary.csv "
         "(mean, std, n over seeds) and summary.json (DVC metrics).",
     )
-    p.add_argument("--profile", required=True, help="workflow/config/profiles/NAME.yaml")
+    p.add_argument(
+        "--profile", required=True, help="a profile, by name (cpu) or path (workflow/config/profiles/cpu.yaml)"
+    )
     p.add_argument("--out", required=True, help="output directory, e.g. results/NAME")
     p.add_argument("--root", default=".", help="repository root the runs/ paths are relative to")
-    p.add_argument("--allow-missing", action="store_true", help="leave out runs not finished yet")
+    p.add_argument("--allow-missing", action="store_true", help="leave out runs not finished yet (named on stderr)")
     p.set_defaults(func=cmd_results)
 
     for name, func, what in (
-        ("tables", cmd_tables, "render Tables 1-3 (Markdown and LaTeX) with the paper's values"),
-        ("figures", cmd_figures, "draw the figures (PNG and PDF)"),
+        (
+            "tables",
+            cmd_tables,
+            "render the paper's tables (1-3, the budget gap) and every study's, Markdown and LaTeX, "
+            "our values beside the paper's",
+        ),
+        ("figures", cmd_figures, "draw the profile's figures and every study's (PNG and PDF)"),
     ):
         p = sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".")
         p.add_argument("--results", required=True, help="a profile's results directory, e.g. results/cpu")
@@ -134,14 +145,14 @@ def register(sub) -> None:
 
     p = sub.add_parser(
         "readme",
-        help="render README.md's results block from the committed result files",
+        help="render README.md's generated blocks (results, benchmarks) from the committed records",
         description="Replace the block between README.md's results markers by a render of "
         "results/costs and of each study's results (the studies of --studies with a readme part), "
         "and the block between its benchmarks markers by a render "
         "of results/benchmarks/*.json (benchmarks run with --record); --check: exit 1 if "
         "a committed block differs.",
     )
-    p.add_argument("--readme", default="README.md")
+    p.add_argument("--readme", default="README.md", help="the file holding the blocks (default %(default)s)")
     p.add_argument("--results", default="results", help="the results root (default %(default)s)")
     p.add_argument("--studies", default=str(STUDIES_DIR), help="the study registry (default %(default)s)")
     p.add_argument("--check", action="store_true", help="only check; change nothing")

@@ -139,11 +139,12 @@ def identity(run: grid.GridRun, extra: list[str], root: Path) -> dict:
 
 
 def collect(
-    profile_path: str | Path, *, root: str | Path = ".", allow_missing: bool = False
+    profile_path: str | Path, *, root: str | Path = ".", allow_missing: bool = False, log=None
 ) -> dict[str, pd.DataFrame]:
     """Every finished run of the profile's grid as tidy frames (see the module docstring).
 
-    ``root`` is the repository root the grid's ``runs/...`` paths are relative to.
+    ``root`` is the repository root the grid's ``runs/...`` paths are relative to. With
+    ``allow_missing``, ``log`` (if given) is told which unfinished runs were left out.
     """
     spec = grid.load_profile(profile_path)
     runs = grid.runs(spec)
@@ -153,7 +154,12 @@ def collect(
     if missing and not allow_missing:
         raise MissingRuns(
             f"{len(missing)} of {len(runs)} runs of profile {spec['profile']!r} have no metrics.json, "
-            f"e.g. {missing[0]}; train them first (snakemake) or pass allow_missing"
+            f"e.g. {missing[0].as_posix()}; train them first (snakemake) or leave them out with --allow-missing"
+        )
+    if missing and log is not None:
+        log(
+            f"left out {len(missing)} of {len(runs)} runs of profile {spec['profile']!r}, not finished: "
+            + ", ".join(m.as_posix() for m in missing)
         )
     parts = [read_run(root / r.directory, identity(r, extra, root)) for r in runs if r.directory not in missing]
     columns = [*grid.IDENTITY, *extra, "run", "run_dir"]
@@ -229,6 +235,11 @@ def load(results_dir: str | Path) -> dict[str, pd.DataFrame]:
     frames = {}
     for name in (*FRAMES, "summary"):
         path = results_dir / f"{name}.csv"
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path} does not exist; gather the profile's runs first: petra results "
+                f"--profile workflow/config/profiles/{results_dir.name}.yaml --out {results_dir}"
+            )
         try:
             frames[name] = pd.read_csv(path)
         except pd.errors.EmptyDataError:

@@ -14,6 +14,7 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from ..reference import load_paper_reference
+from ..run import runio
 from ..workflow import studies
 from ..workflow.studies import STUDIES_DIR
 from . import labels
@@ -419,6 +420,6 @@ def render_all(
     for name, context in contexts.items():
         for fmt in FORMATS:
             path = out_dir / f"{name}.{fmt}"
-            path.write_text(render(name, fmt, context, templates[name]))
+            runio.write_text(path, render(name, fmt, context, templates[name]))  # whole or not at all
             paths.append(path)
     return paths

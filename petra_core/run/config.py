@@ -9,22 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import re
 import typing
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-
-from ..data.sources import DATASETS, SOURCES
-from ..methods import METHODS
-from ..models.aux_heads import AUX_HEADS
-from ..models.specs import ARCHS
-from ..optim import OPTIMIZERS
-from ..precision import PRECISIONS
-from ..replicas import REPLICA_RULES
-from ..replicas.options import option_names
 
 _RANGES = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 _POSITIVE = (
@@ -55,9 +47,60 @@ class ConfigError(ValueError):
     """A bad configuration: the message names the key and what is allowed."""
 
 
-def _key(default, help: str, choices: Collection | None = None, example: str | None = None):
-    """A config key; ``choices``: the values allowed (a registry's live keys, so a rule or dataset
-    registered later is allowed too)."""
+def _registry(name: str) -> dict:
+    """The registries whose live names a key allows, imported on first use: they import torch, and
+    a typo in a config must be answered before that (``petra train bad_key=1`` in a blink)."""
+    from ..data.sources import DATASETS, SOURCES
+    from ..methods import METHODS
+    from ..models.aux_heads import AUX_HEADS
+    from ..models.specs import ARCHS
+    from ..optim import OPTIMIZERS
+    from ..precision import PRECISIONS
+    from ..replicas import REPLICA_RULES
+
+    return {
+        "ARCHS": ARCHS,
+        "AUX_HEADS": AUX_HEADS,
+        "DATASETS": DATASETS,
+        "METHODS": METHODS,
+        "OPTIMIZERS": OPTIMIZERS,
+        "PRECISIONS": PRECISIONS,
+        "REPLICA_RULES": REPLICA_RULES,
+        "SOURCES": SOURCES,
+    }[name]
+
+
+def _names(name: str, *extra):
+    """``choices`` of a key: registry ``name``'s names (after ``extra``), read when first checked."""
+    return lambda: (*extra, *_registry(name))
+
+
+def _rule_stages_help() -> str:
+    rules = _registry("REPLICA_RULES")
+    return (
+        "/".join(name for name, rule in rules.items() if rule.staged)
+        + ": the contiguous stage groups L the cyclic delay counts (default: one per stage of the model)"
+    )
+
+
+def _rule_options_help() -> str:
+    from ..replicas.options import option_names
+
+    return "the replica rule's own settings (the fields of its Options): " + "; ".join(
+        f"{name} {{{', '.join(option_names(rule.Options))}}}"
+        for name, rule in _registry("REPLICA_RULES").items()
+        if option_names(rule.Options)
+    )
+
+
+def _resolved(value):
+    """A key's ``choices`` or ``help``, computed now if it is read from a registry."""
+    return value() if callable(value) else value
+
+
+def _key(default, help, choices: Collection | Callable | None = None, example: str | None = None):
+    """A config key; ``choices``: the values allowed (a registry's live keys, :func:`_names`, so a
+    rule or dataset registered later is allowed too); ``help`` may be computed from a registry."""
     kw = (
         {"default_factory": lambda: type(default)(default)}
         if isinstance(default, (list, dict))
@@ -69,18 +112,18 @@ def _key(default, help: str, choices: Collection | None = None, example: str | N
 @dataclass
 class RunConfig:
     # what is trained
-    arch: str = _key("revnet18", "model", tuple(ARCHS))
+    arch: str = _key("revnet18", "model", _names("ARCHS"))
     width: int = _key(64, "base channel width (64 = the paper's models)")
-    method: str = _key("petra", "training method", tuple(METHODS))
+    method: str = _key("petra", "training method", _names("METHODS"))
     aux_head: str | None = _key(
         None,
         "auxiliary head on every stage but the head, for local learning (local, fg-local-w, fg-local-a): cnn or linear",
-        (None, *AUX_HEADS),
+        _names("AUX_HEADS", None),
     )
     k: int = _key(1, "gradient accumulation: minibatches per optimizer step")
     seed: int = _key(0, "seed of weight initialisation, data order and augmentation")
     # data
-    dataset: str = _key("synthetic", "dataset", DATASETS)
+    dataset: str = _key("synthetic", "dataset", _names("DATASETS"))
     data_source: str | None = _key(
         None, "raw source to prepare from (tar.gz / image folder / pickle dir / ImageFolder root)"
     )
@@ -96,7 +139,7 @@ class RunConfig:
     base_lr: float = _key(0.1, "base learning rate, before Goyal scaling")
     scale_lr: bool = _key(True, "lr = base_lr * batch_size * k / 256 (Goyal et al.)")
     optimizer: str = _key(
-        "sgd", "sgd (Nesterov momentum) or adamw (betas 0.9, 0.999; ACCO's optimizer)", OPTIMIZERS.keys()
+        "sgd", "sgd (Nesterov momentum) or adamw (betas 0.9, 0.999; ACCO's optimizer)", _names("OPTIMIZERS")
     )
     momentum: float = _key(0.9, "Nesterov momentum (sgd)")
     weight_decay: float = _key(5e-4, "weight decay (never on batch-norm parameters or biases)")
@@ -129,7 +172,7 @@ class RunConfig:
         "numeric precision of the stages' compute: fp32 (strict, TF32 off), tf32 (TF32 matmuls "
         "and convolutions on CUDA) or bf16 (autocast; weights, gradients and the activations "
         "stages send stay float32)",
-        PRECISIONS,
+        _names("PRECISIONS"),
     )
     deterministic: bool = _key(
         True,
@@ -146,22 +189,9 @@ class RunConfig:
         "data-parallel replicas of the pipeline (the mesh's replica axis): each trains on its own "
         "shard of every epoch; distributed: a divisor of the number of ranks",
     )
-    replica_rule: str = _key("dp", "what the replicas do together around each optimizer step", REPLICA_RULES.keys())
-    rule_stages: int | None = _key(
-        None,
-        "/".join(name for name, rule in REPLICA_RULES.items() if rule.staged)
-        + ": the contiguous stage groups L the cyclic delay counts (default: one per stage of the model)",
-    )
-    rule_options: dict = _key(
-        {},
-        "the replica rule's own settings (the fields of its Options): "
-        + "; ".join(
-            f"{name} {{{', '.join(option_names(rule.Options))}}}"
-            for name, rule in REPLICA_RULES.items()
-            if option_names(rule.Options)
-        ),
-        example="{p: 0.005}",
-    )
+    replica_rule: str = _key("dp", "what the replicas do together around each optimizer step", _names("REPLICA_RULES"))
+    rule_stages: int | None = _key(None, _rule_stages_help)
+    rule_options: dict = _key({}, _rule_options_help, example="{p: 0.005}")
     placement: str = _key("even", "distributed: stages per rank: even, balanced (measured) or ranges like 0-3,4-9")
     dist_timeout: float = _key(60.0, "distributed: seconds before a silent peer is declared failed")
     fidelity_every: int = _key(0, "every N optimizer steps, compare delayed gradients with true ones (0 = off)")
@@ -175,7 +205,9 @@ class RunConfig:
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(known))
         if unknown:
-            raise ConfigError(f"unknown config key {unknown[0]!r}; allowed: {', '.join(known)}")
+            close = difflib.get_close_matches(unknown[0], known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown config key {unknown[0]!r}{hint}; allowed: {', '.join(known)}")
         hints = typing.get_type_hints(cls)
         cfg = cls(
             **{
@@ -196,7 +228,7 @@ class RunConfig:
             except FileNotFoundError:
                 raise ConfigError(f"config file {str(path)!r} does not exist") from None
             except yaml.YAMLError as err:
-                raise ConfigError(f"config file {str(path)!r} is not valid YAML: {str(err).splitlines()[0]}") from None
+                raise ConfigError(f"config file {yaml_error(path, err)}") from None
             if not isinstance(loaded, dict):
                 raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys to values")
             values.update(loaded)
@@ -221,7 +253,7 @@ class RunConfig:
 
     def _check_choices(self) -> None:
         for f in dataclasses.fields(self):
-            choices = f.metadata.get("choices")
+            choices = _resolved(f.metadata.get("choices"))
             value = getattr(self, f.name)
             if choices and value not in choices:
                 raise ConfigError(f"{f.name}={value!r} is not allowed; allowed: {', '.join(map(str, choices))}")
@@ -259,7 +291,8 @@ class RunConfig:
 
     def _check_replica_rule(self) -> None:
         """What the rule declares (``ReplicaRule``): its stage groups, options, replicas and schedules."""
-        from ..replicas import get_rule
+        from ..methods import METHODS
+        from ..replicas import REPLICA_RULES, get_rule
 
         declared = REPLICA_RULES[self.replica_rule]
         if self.rule_stages is not None:
@@ -288,6 +321,10 @@ class RunConfig:
             ) from None
 
     def _check_method(self) -> None:
+        from ..methods import METHODS
+        from ..models.aux_heads import AUX_HEADS
+        from ..models.specs import ARCHS
+
         method = METHODS[self.method]
         if method.needs_aux and self.aux_head is None:
             raise ConfigError(
@@ -307,7 +344,7 @@ class RunConfig:
             )
 
     def _check_data(self) -> None:
-        generated = SOURCES[self.dataset].generated
+        generated = _registry("SOURCES")[self.dataset].generated
         if not generated and self.data_source is None and not self.prepared_path().exists():
             raise ConfigError(
                 f"dataset={self.dataset!r} needs data_source (raw data) or a prepared copy in {self.prepared_path()}"
@@ -323,10 +360,20 @@ class RunConfig:
         lines = []
         for f in dataclasses.fields(cls):
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            choices = f.metadata.get("choices")
+            choices = _resolved(f.metadata.get("choices"))
             extra = f" (one of: {', '.join(map(str, choices))})" if choices else ""
-            lines.append(f"{f.name:<18} {_type_name(hints[f.name]):<12} {default!r:<18} {f.metadata['help']}{extra}")
+            help = _resolved(f.metadata["help"])
+            lines.append(f"{f.name:<18} {_type_name(hints[f.name]):<12} {default!r:<18} {help}{extra}")
         return "\n".join(lines)
+
+
+def yaml_error(path: str | Path, err: yaml.YAMLError) -> str:
+    """``'PATH' line L, column C is not valid YAML: what the parser found``: where to look first."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    what = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context = getattr(err, "context", None)
+    return f"{str(path)!r}{where} is not valid YAML: {f'{context}, ' if context else ''}{what}"
 
 
 def _type_name(tp) -> str:

@@ -16,10 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
 import yaml
-
-from ..precision import numerics
 
 CONFIG, ENV, HISTORY, METRICS, CHECKPOINT = "config.yaml", "env.json", "history.json", "metrics.json", "checkpoint.pt"
 FIDELITY = "fidelity.csv"  # a run's gradient-fidelity log (fidelity_every > 0)
@@ -55,7 +52,10 @@ def atomic_write(path: Path, write) -> None:
     The file gets the mode a plain ``open()`` would give it (not mkstemp's private 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:  # name the directory the user must fix, not a temporary name in it
+        raise OSError(err.errno, err.strerror, str(path.parent)) from err
     try:
         os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
@@ -63,6 +63,11 @@ def atomic_write(path: Path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        if err.filename is None:  # a full disk fails in write() or fsync(), which name no file
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -114,8 +119,10 @@ def _what(err: BaseException) -> str:
 
 
 RECORD_ADVICE = (
-    "a full disk, an interrupted copy or a partial pull leaves files so; restore it from git "
-    "(git checkout -- FILE) or train the run again"
+    "a full disk, an interrupted copy or a partial pull leaves files so; if the run finished and its "
+    "checkpoint is there, delete FILE and the run's metrics.json and run the same petra train again (it rebuilds the "
+    "records from the checkpoint in seconds); if the record is committed, restore it (git checkout -- FILE); "
+    "or train the run again"
 )
 CHECKPOINT_ADVICE = (
     "a full disk, an interrupted copy or a partial `dvc pull` leaves files so; fetch it again "
@@ -140,11 +147,15 @@ def read_yaml(path: Path):
 
 
 def save_checkpoint(path: Path, state: dict) -> None:
+    import torch  # here, not at the top: the report and the CLI read run files without torch
+
     atomic_write(path, lambda f: torch.save(state, f))
 
 
 def load_checkpoint(path: Path) -> dict:
     """A checkpoint (or part) petra wrote; :class:`DamagedFile` if it cannot be read back."""
+    import torch
+
     # our own file: it holds dataclass messages and optimizer state, so not weights_only
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
@@ -193,9 +204,11 @@ def git_revision(outputs: tuple[str, ...] = (), repo: Path | None = None) -> str
 
 def environment(device: str) -> dict:
     """What a reader needs to interpret the run's numbers."""
+    import torch
     import torchvision
 
     from .. import __version__
+    from ..precision import numerics
 
     env = {
         "petra": __version__,

@@ -26,6 +26,7 @@ import math
 import signal
 import time
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -314,6 +315,8 @@ class Trainer:
             entry = epoch_record(epoch, log_records, lr, model, rt.data, self.tick_time, sum(images), rt.model.family)
             self.history.append(entry)
             runio.write_json(self.run_dir / runio.HISTORY, self.history)
+            with tqdm.external_write_mode():  # above the progress bar, if there is one
+                self.log(epoch_line(entry, cfg.epochs, self.history))
             if due and not math.isfinite(entry["test_loss"]):
                 return f"test loss is {entry['test_loss']} after epoch {epoch + 1}"
             return None
@@ -439,6 +442,23 @@ def epoch_record(epoch: int, logs, lr: float, model, data, tick_time: float, ima
         "wall_time_s": tick_time,
         "eval_time_s": time.perf_counter() - start,
     }
+
+
+NOT_IN_EPOCH_LINE = ("epoch", "lr", "images_per_s", "wall_time_s", "eval_time_s")
+
+
+def epoch_line(entry: dict, epochs: int, history: list[dict]) -> str:
+    """One line per epoch, so that a log without a progress bar (Snakemake, SLURM) shows the run
+    going: the epoch's training and test fields (the family's), its speed, and the time left at
+    the mean epoch time so far."""
+    fields = ", ".join(
+        f"{key} {value:.4g}"
+        for key, value in entry.items()
+        if key not in NOT_IN_EPOCH_LINE and isinstance(value, (int, float))
+    )
+    per_epoch = sum(h["wall_time_s"] + h["eval_time_s"] for h in history) / len(history)
+    eta = timedelta(seconds=round(per_epoch * (epochs - entry["epoch"])))
+    return f"epoch {entry['epoch']}/{epochs}: {fields}, {entry['images_per_s']:.0f} images/s, ETA {eta}"
 
 
 def final_metrics(history: list[dict], optimizer_steps: int, peak_kept_bytes: list[int]) -> dict:

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import yaml
 
-from ..run.config import WATCH_KEYS, ConfigError, RunConfig
+from ..run.config import WATCH_KEYS, ConfigError, RunConfig, yaml_error
 
 RUNS_ROOT = Path("runs")
 CHECKPOINTS_ROOT = Path("checkpoints")  # the same tree as runs/, for checkpoints (DVC's, not git's)
+PROFILES_DIR = Path("workflow/config/profiles")  # where --profile NAME is looked up (from the repository root)
 RUN_NAME = "{method}-k{k}-seed{seed}"
 MODEL_DIR = "{arch}-w{width}"
 # Snakemake's view of a run directory: runs/{profile}/{dataset}/{model}/{run}
@@ -79,12 +80,30 @@ def as_override(key: str, value) -> str:
     return f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
 
 
+def profile_path(name_or_path: str | Path) -> Path:
+    """A profile by path, or by name (``cpu``: ``workflow/config/profiles/cpu.yaml``)."""
+    path = Path(name_or_path)
+    if path.exists() or path.suffix or len(path.parts) > 1:
+        return path
+    named = PROFILES_DIR / f"{path.name}.yaml"
+    if named.exists():
+        return named
+    known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+    raise ConfigError(
+        f"profile {str(name_or_path)!r} is neither a file nor a profile in {PROFILES_DIR}; "
+        f"profiles: {', '.join(known) or 'none here (run from the repository root)'}"
+    )
+
+
 def load_profile(path: str | Path) -> dict:
-    path = Path(path)
+    """A profile (a name or a path): ``profile``, ``train`` and ``grid``."""
+    path = profile_path(path)
     try:
         profile = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"profile {str(path)!r} does not exist") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"profile {yaml_error(path, err)}") from None
     for key in ("profile", "train", "grid"):
         if key not in (profile or {}):
             raise ConfigError(f"profile {str(path)!r} lacks {key!r}; expected keys profile, train, grid")
