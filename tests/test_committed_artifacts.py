@@ -33,11 +33,14 @@ import pytest
 import yaml
 
 from petra_core.accounting import costs, cyclic
+from petra_core.run import runio
+from petra_core.run.config import check_same_run
 from petra_core.run.runio import COST_FILES, CYCLIC_FILES
-from petra_core.workflow import dvc_stages, studies
+from petra_core.workflow import dvc_stages, grid, studies
 
 ROOT = Path(__file__).resolve().parents[1]
 COSTS, CYCLIC = ROOT / "results/costs", ROOT / "results/cyclic"
+PROFILES = ROOT / "workflow/config/profiles"
 TIMED_COLUMNS = {
     "table1_per_stage.csv": lambda column: column.endswith("_seconds"),
     "network_costs.csv": lambda column: column.startswith("time_"),
@@ -184,3 +187,20 @@ def test_a_measured_stage_depends_on_every_module_its_measurement_runs(stage):
         if not any(name == d or name.startswith(f"{d}/") for d in deps)
     }
     assert uncovered == set(), f"{stage}: add to its DVC deps"
+
+
+# ---- the committed run records resume and verify against their profiles ------------------------------
+PROFILES_WITH_RECORDS = sorted(p.name for p in (ROOT / "runs").iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("profile", PROFILES_WITH_RECORDS)
+def test_every_committed_record_is_its_grid_points_run(profile):
+    """``petra train`` resumes a record's run and ``petra verify`` checks it only if its config.yaml
+    is its grid point's config (``check_same_run``): a key that a record lacks reads as today's
+    default, which may not be what it ran (workflow/scripts/upgrade_records.py adds such keys)."""
+    points = {run.directory: run.config for run in grid.runs(grid.load_profile(PROFILES / f"{profile}.yaml"))}
+    records = sorted(path.parent.relative_to(ROOT) for path in (ROOT / "runs" / profile).rglob(runio.CONFIG))
+    assert records, f"runs/{profile} holds no record"
+    for run_dir in records:
+        assert run_dir in points, f"{run_dir} is no run of profile {profile}'s grid"
+        check_same_run(run_dir, runio.read_yaml(ROOT / run_dir / runio.CONFIG), points[run_dir])
