@@ -1,9 +1,11 @@
 """What is committed under ``results/`` is what the code measures today.
 
 A measurement committed once (``results/costs``: Tables 1 and 3 and a fidelity sample;
-``results/cyclic``: cyclic execution) is read by the report and quoted by the docs, but nothing
-else re-runs it, so a change of the engine that moves a byte count left Table 1 wrong for days.
-Here each is measured again at its committed settings and compared with the committed files.
+``results/cyclic``: cyclic execution) is read by the report and quoted by the docs, and nothing
+else runs it again: a change of the engine that moved a byte count once left Table 1 wrong. Here
+each is measured again at its committed settings and compared with the committed files; their
+DVC stages are checked to depend on every module the measurement runs; and every committed run
+record's config is checked to be its grid point's, so each stays resumable and verifiable.
 
 Compared exactly (as the written CSV/JSON text): every byte count, element count, FLOP count,
 unit count, memory figure, schedule position and label; all of ``results/cyclic``; Table 3.
@@ -16,8 +18,8 @@ Excluded, because they are the wall clock of the machine that measured:
 
 The fidelity sample's cosines and norms come out of 80 training steps, whose float rounding
 differs between CPUs: they are compared to a relative 1e-3 (its rows, stages and steps exactly).
-The training records' memory (``runs/``) are measurements of a past run at its own revision, not
-re-measured here; ``tests/test_planned_profiles.py`` and the resume tests cover those records.
+The training records' memory (``runs/**/metrics.json``, gathered into ``results/*/memory.csv``) was
+measured by a past run at its own revision (its env.json names it), so it is not measured again here.
 """
 
 import json
