@@ -78,11 +78,23 @@ def measured_stage(study: Study) -> dict:
     return stage
 
 
+# the code that decides the gathered tables: the report (results.py and what it shares), how a record's
+# config is read and checked, and the grid that says which records a profile has
+RESULTS_CODE = (
+    "petra_core/report",
+    "petra_core/run/config.py",
+    "petra_core/run/runio.py",
+    "petra_core/workflow/grid.py",
+)
+
+
 def results_stage() -> dict:
+    """The profile's records gathered; again when they or the code that reads them change (Snakemake's
+    rule sees only the report's files, so it is told: --forcerun; it never trains a finished run)."""
     files = {name: f"{PROFILE_RESULTS}/{name}" for name in GATHERED}
     return {
-        "cmd": f"snakemake --cores all --config profile=${{profile}} -- {files['results.csv']}",
-        "deps": ["${profile_file}", "runs/${profile}", "petra_core/report/results.py"],
+        "cmd": f"snakemake --cores all --config profile=${{profile}} --forcerun results -- {files['results.csv']}",
+        "deps": ["${profile_file}", "runs/${profile}", *RESULTS_CODE],
         "params": ["profile", "train"],
         "outs": [{files[name]: RECORD} for name in ("results.csv", "memory.csv", "fidelity.csv", "summary.csv")],
         "metrics": [{f"{PROFILE_RESULTS}/summary.json": RECORD}],
@@ -101,6 +113,7 @@ def render_stage(studies: list[Study], studies_dir: str) -> dict:
             *(study.results for study in rendered),
             "results/gpu",
             "petra_core/report",
+            "petra_core/reference.py",
             "petra_core/paper_reference.yaml",
             "petra_core/workflow/studies.py",
             studies_dir,
