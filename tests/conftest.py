@@ -2,10 +2,12 @@
 
 * one torch thread for every test (tiny tensors on 2 shared cores run far faster so);
 * ``make_batches`` / ``make_model``: seeded random minibatches and a tiny staged model;
+* ``named_failed``: the ranks a distributed failure message names as failed (not as stopped);
 * ``tiny_run`` / ``argv``: a tiny ``petra train`` config on the synthetic task, as a dict or as
   ``key=value`` arguments; ``TIMING`` / ``untimed``: a run record without its wall-clock keys.
 """
 
+import re
 import socket
 
 import pytest
@@ -100,3 +102,11 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ---- distributed failures ----------------------------------------------------------------------------
+def named_failed(err: str) -> set[int]:
+    """The ranks a failure message names as failed: ``stage 7 (rank 2) failed``, ``rank 2 (stages
+    7-9) failed`` or ``rank 2 failed`` (a rank that stopped because of it is not one of them)."""
+    found = re.findall(r"\(rank (\d+)\) failed|\brank (\d+)(?: \([^)]*\))? failed", err)
+    return {int(a or b) for a, b in found}

@@ -21,7 +21,8 @@ import time
 
 import pytest
 import torch
-from conftest import free_port
+import torch.distributed as dist
+from conftest import free_port, named_failed
 from harness.compare import assert_bit_for_bit, check_outcome, simulator_state
 from harness.ranks import RANKS
 
@@ -301,6 +302,42 @@ def test_killed_rank_stops_every_rank_and_is_named():
         assert p.ended - killed.ended < 60, f"rank {r} took {p.ended - killed.ended:.1f} s to stop"
         first = p.err.strip().splitlines()[0]
         assert first.startswith("petra: stage 7 (rank 2) "), p.err
+        assert named_failed(p.err) == {2}, f"rank {r} names a rank that stopped because of it as failed: {p.err}"
+        if "(rank 1) " in p.err.split("\n", 1)[-1]:  # rank 0 lost rank 1 after it stopped
+            assert "stage 4 (rank 1) stopped because of it" in p.err, p.err
+
+
+def test_a_failure_message_names_the_failed_rank_and_lists_the_stopped_ones():
+    """A rank silent that said nothing failed (killed, crashed, hung); one that left on its own after
+    the failure stopped because of it; with neither, the message says what it saw."""
+    from petra_core.engine.distributed.failures import gone
+
+    assert gone(["rank 2 (stages 7-9)"], ["rank 1 (stages 4-6)"], None) == (
+        "rank 2 (stages 7-9) failed or was killed",
+        "; rank 1 (stages 4-6) stopped because of it",
+    )
+    assert gone(["rank 2"], [], 30.0) == ("rank 2 failed or was killed", "")
+    assert gone([], ["rank 1"], None) == ("rank 1 stopped because of an earlier failure", "")
+    assert gone([], [], 4.0) == ("another rank stopped responding: timed out after 4 s", "")
+    assert gone([], [], None) == ("another rank failed or was killed", "")
+
+
+def test_a_rank_says_why_it_left_before_it_goes():
+    """Through the rendezvous store: a rank that finishes, or reports a failure (its own or a lost
+    peer's), says so before its connections close; a killed rank says nothing. The first reason stays."""
+    from petra_core.engine.distributed.failures import AFTER_FAILURE, FINISHED, FailureWatch
+
+    store = dist.HashStore()
+    watch = [FailureWatch(r, lambda r=r: f"rank {r}", lambda: 0, store=store) for r in range(4)]
+    watch[1].close()
+    message = watch[2].report("petra: stage 7 (rank 3) failed")
+    watch[2].close()
+    assert [watch[0].left(r) for r in range(4)] == [None, FINISHED, AFTER_FAILURE, None]
+    assert message == "petra: stage 7 (rank 3) failed"
+    assert watch[0].report("petra: stage 4 (rank 2) stopped because of it") == (
+        "petra: stage 7 (rank 3) failed [seen by rank 2]\n"
+        "  then on rank 0: petra: stage 4 (rank 2) stopped because of it"
+    )
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ import sys
 import pytest
 import torch
 import torch.distributed
-from conftest import argv, free_port, tiny_run, untimed
+from conftest import argv, free_port, named_failed, tiny_run, untimed
 
 from petra_core.cli import main
 from petra_core.engine.launch import launch_local
@@ -144,7 +144,8 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, simulated, capsys, monkey
 )
 def test_a_dead_rank_is_named_by_every_survivor(tmp_path, when, tick):
     """Rank 1 of 3 (stages 4-6) dies (SIGKILL) {when}: ranks 0 and 2 exit non-zero and their
-    message names rank 1 and its stages (heartbeats in the rendezvous store tell who is gone)."""
+    message names rank 1 and its stages as failed, and no other rank (heartbeats in the rendezvous
+    store tell who is gone, and a rank that left on its own said so there)."""
     procs = launch_local(
         ["train", *DIST, "dist_timeout=20", "--run-dir", str(tmp_path / "run"), "--fault-at", f"1:{tick}:SIGKILL"],
         3,
@@ -157,6 +158,7 @@ def test_a_dead_rank_is_named_by_every_survivor(tmp_path, when, tick):
         assert procs[r].returncode not in (0, None), (r, procs[r].err)
         lines = [line for line in procs[r].err.splitlines() if line.startswith("petra:")]
         assert lines and "rank 1" in lines[0] and ("stages 4-6" in lines[0] or tick == "start"), (when, procs[r].err)
+        assert named_failed(procs[r].err) == {1}, (when, procs[r].err)  # the others stopped because of it
 
 
 @pytest.fixture(scope="module")

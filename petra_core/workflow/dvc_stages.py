@@ -36,10 +36,31 @@ PLOTS = ("fig4_accumulation", "training_curves", "memory_per_stage", "gradient_f
 RECORD = {"cache": False}
 
 
+# the code that decides the cost tables: the measurement, the engine, methods, models, rules and
+# numerics it runs, and the paper's figures it sets beside them (a change anywhere there can move a
+# byte count; tests/test_committed_artifacts.py checks that every module the measurement loads is here)
+COSTS_CODE = (
+    "petra_core/accounting",
+    "petra_core/engine",
+    "petra_core/methods",
+    "petra_core/models",
+    "petra_core/families",
+    "petra_core/replicas",
+    "petra_core/optim.py",
+    "petra_core/batchnorm.py",
+    "petra_core/precision.py",
+    "petra_core/reference.py",
+    "petra_core/paper_reference.yaml",
+)
+
+
 def costs_stage() -> dict:
+    """Tables 1 and 3, measured again when their settings or the code that decides them change: as
+    for a measured study, Snakemake sees the committed CSVs as never stale and is told (--forcerun)."""
     return {
-        "desc": "Tables 1 and 3, measured once and committed (snakemake --forcerun costs measures again)",
-        "cmd": "snakemake --cores 1 -- results/costs/costs.json",
+        "desc": "Tables 1 and 3, measured once and committed; again when the code that decides them changes",
+        "cmd": "snakemake --cores 1 --forcerun costs -- results/costs/costs.json",
+        "deps": list(COSTS_CODE),
         "params": [{"workflow/config/config.yaml": ["costs"]}],
         "outs": [{"results/costs": {**RECORD, "persist": True}}],
     }
@@ -57,11 +78,23 @@ def measured_stage(study: Study) -> dict:
     return stage
 
 
+# the code that decides the gathered tables: the report (results.py and what it shares), how a record's
+# config is read and checked, and the grid that says which records a profile has
+RESULTS_CODE = (
+    "petra_core/report",
+    "petra_core/run/config.py",
+    "petra_core/run/runio.py",
+    "petra_core/workflow/grid.py",
+)
+
+
 def results_stage() -> dict:
+    """The profile's records gathered; again when they or the code that reads them change (Snakemake's
+    rule sees only the report's files, so it is told: --forcerun; it never trains a finished run)."""
     files = {name: f"{PROFILE_RESULTS}/{name}" for name in GATHERED}
     return {
-        "cmd": f"snakemake --cores all --config profile=${{profile}} -- {files['results.csv']}",
-        "deps": ["${profile_file}", "runs/${profile}", "petra_core/report/results.py"],
+        "cmd": f"snakemake --cores all --config profile=${{profile}} --forcerun results -- {files['results.csv']}",
+        "deps": ["${profile_file}", "runs/${profile}", *RESULTS_CODE],
         "params": ["profile", "train"],
         "outs": [{files[name]: RECORD} for name in ("results.csv", "memory.csv", "fidelity.csv", "summary.csv")],
         "metrics": [{f"{PROFILE_RESULTS}/summary.json": RECORD}],
@@ -80,6 +113,7 @@ def render_stage(studies: list[Study], studies_dir: str) -> dict:
             *(study.results for study in rendered),
             "results/gpu",
             "petra_core/report",
+            "petra_core/reference.py",
             "petra_core/paper_reference.yaml",
             "petra_core/workflow/studies.py",
             studies_dir,

@@ -61,8 +61,15 @@ GPU_FILES = sorted(str(path) for path in Path(GPU_RESULTS).glob("*.json"))
 RECORDS = (runio.METRICS, runio.ENV)
 REFERENCE = os.path.relpath(REFERENCE_FILE)
 TEMPLATES = sorted(str(path) for path in Path("petra_core/report/templates").glob("*.j2"))
-# renders follow the code, and the registry that says which studies they render
-REPORT_CODE = sorted([*(str(path) for path in Path("petra_core/report").glob("*.py")), "petra_core/workflow/studies.py"])
+# renders follow the code (the report, and the loader of the paper's figures it sets beside ours), and
+# the registry that says which studies they render
+REPORT_CODE = sorted(
+    [
+        *(str(path) for path in Path("petra_core/report").glob("*.py")),
+        "petra_core/reference.py",
+        "petra_core/workflow/studies.py",
+    ]
+)
 
 
 wildcard_constraints:

@@ -1,11 +1,20 @@
-"""Bring run records written by an older petra up to what the report reads, without retraining.
+"""Bring run records written by an older petra up to what the report and resume read, without retraining.
 
-Since the report only reads records, ``metrics.json`` names the model it trained: parameter
-count, auxiliary-head parameters, number and kinds of stages. Runs trained before that lack these
-four fields. They are structural facts of the model the run's own ``config.yaml`` builds, not
-measurements, so this script builds that model (no training; the dataset, prepared, gives its
-classes) and adds them, with an ``upgraded`` entry saying which fields were added, by what and at
-which revision. Nothing the run measured is touched; a record that already has the fields is left as it is.
+Two upgrades, each recorded in the run's ``metrics.json`` as an entry of its ``upgraded`` list
+(what was added, from what, by this script, at which revision); nothing the run measured is
+touched, and a record that needs neither is left as it is:
+
+* **model fields.** Since the report only reads records, ``metrics.json`` names the model it
+  trained: parameter count, auxiliary-head parameters, number and kinds of stages. Runs trained
+  before that lack these four fields. They are structural facts of the model the run's own
+  ``config.yaml`` builds, not measurements, so this script builds that model (no training; the
+  dataset, prepared, gives its classes) and adds them.
+* **config keys added later** (:data:`CONFIG_KEYS_ADDED`). A record written before a key existed
+  lacks it, and reads as today's default; where that default is not what every run did before the
+  key existed (``channels_last``: true since eafe3ba, while every run before 59e6209 ran in
+  contiguous NCHW), the record would claim a run it is not, and ``check_same_run`` would refuse to
+  resume or verify it against its profile. The key is written into its ``config.yaml`` with the
+  value the run had.
 
     python workflow/scripts/upgrade_records.py runs/cpu           # every run under a directory
 """
@@ -26,14 +35,15 @@ from petra_core.run.config import RunConfig
 from petra_core.run.trainer import data_arguments
 
 FIELDS = ("params", "aux_params", "stages", "stage_kinds")
+# key -> (the value of every run before the key existed, the revision that added it)
+CONFIG_KEYS_ADDED = {"channels_last": (False, "59e6209")}
+BY = "workflow/scripts/upgrade_records.py"
 
 
-def upgrade(run_dir: Path, revision: str) -> bool:
-    """Add the model fields to ``run_dir``'s metrics.json (atomically); False if nothing was missing."""
-    path = run_dir / runio.METRICS
-    metrics = json.loads(path.read_text())
+def model_fields(run_dir: Path, metrics: dict) -> dict | None:
+    """The model fields ``metrics`` lacks, built from the run's config (an ``upgraded`` entry), or None."""
     if all(field in metrics for field in FIELDS):
-        return False
+        return None
     cfg = RunConfig.from_dict(yaml.safe_load((run_dir / runio.CONFIG).read_text()))
     data = build_data(
         **data_arguments(cfg)
@@ -47,13 +57,34 @@ def upgrade(run_dir: Path, revision: str) -> bool:
     }
     missing = [field for field in FIELDS if field not in metrics]
     metrics.update({field: added[field] for field in missing})
-    metrics["upgraded"] = {
-        "fields": missing,
-        "from": "config.yaml",
-        "by": "workflow/scripts/upgrade_records.py",
-        "revision": revision,
-    }
+    return {"fields": missing, "from": "config.yaml"}
+
+
+def config_keys(config: dict) -> dict:
+    """The keys of :data:`CONFIG_KEYS_ADDED` a record's ``config`` lacks, with the value the run had."""
+    return {key: value for key, (value, _) in CONFIG_KEYS_ADDED.items() if key not in config}
+
+
+def upgrade(run_dir: Path, revision: str) -> bool:
+    """Both upgrades of ``run_dir`` (metrics.json, then config.yaml, each written atomically); False
+    if nothing was missing."""
+    path = run_dir / runio.METRICS
+    metrics = json.loads(path.read_text())
+    config = runio.read_yaml(run_dir / runio.CONFIG)
+    entries = [model_fields(run_dir, metrics)]
+    keys = config_keys(config)
+    if keys:
+        added_at = ", ".join(sorted({CONFIG_KEYS_ADDED[key][1] for key in keys}))
+        entries.append({"config": keys, "from": f"the value of every run before the key existed ({added_at})"})
+    entries = [entry for entry in entries if entry]
+    if not entries:
+        return False
+    earlier = metrics.get("upgraded", [])
+    earlier = [earlier] if isinstance(earlier, dict) else earlier  # a first upgrade was written as one entry
+    metrics["upgraded"] = [*earlier, *({**entry, "by": BY, "revision": revision} for entry in entries)]
     runio.write_json(path, metrics)
+    if keys:
+        runio.write_yaml(run_dir / runio.CONFIG, {**config, **keys})
     return True
 
 

@@ -4,6 +4,11 @@ The first rank to see a failure writes a message naming the failed stage(s) to t
 store (``petra/failed``, compare-and-set: the first report wins); a watchdog thread on every
 rank ends its process with that message, whatever it is blocked in. The same thread bumps this
 rank's heartbeat (``petra/alive/RANK``): when a collective breaks, the silent ranks are the dead.
+
+A rank that leaves on its own (it reported a failure, stopped because of one, or finished) says
+so first (``petra/left/RANK``: ``after a failure`` or ``finished``), so that a rank losing it
+afterwards names it as stopped, not failed: a message names as failed only the rank that failed
+first (a silent rank that said nothing: killed, crashed or hung), the others as stopped because of it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import torch.distributed as dist
 
 FAILURE_KEY = "petra/failed"
 ALIVE_KEY = "petra/alive/{rank}"
+LEFT_KEY = "petra/left/{rank}"
+AFTER_FAILURE, FINISHED = "after a failure", "finished"  # why a rank left on its own (LEFT_KEY)
 DEFAULT_TIMEOUT = 60.0
 POLL = 0.5  # seconds between a watchdog's heartbeats and looks at the failure key
 
@@ -61,6 +68,20 @@ def short(err: BaseException) -> str:
     return text if len(text) < 300 else text[:297] + "..."
 
 
+def gone(failed: list[str], stopped: list[str], timed_out: float | None) -> tuple[str, str]:
+    """Who is gone when a collective breaks, and a tail for the others: the ranks that failed (silent,
+    and said nothing: killed, crashed or hung) are named as failed; those that left on their own are
+    listed as stopped because of it. ``timed_out``: the timeout, when the collective timed out."""
+    if failed:
+        tail = f"; {', '.join(stopped)} stopped because of it" if stopped else ""
+        return f"{', '.join(failed)} failed or was killed", tail
+    if stopped:
+        return f"{', '.join(stopped)} stopped because of an earlier failure", ""
+    if timed_out is not None:
+        return f"another rank stopped responding: timed out after {timed_out:g} s", ""
+    return "another rank failed or was killed", ""
+
+
 def is_timeout(err: BaseException) -> bool:
     return isinstance(err, TimeoutError) or "timed out" in str(err).lower() or "timeout" in str(err).lower()
 
@@ -87,6 +108,22 @@ class FailureWatch:
     def close(self) -> None:
         self.stopped.set()
         self.closed.set()
+        self._leave(AFTER_FAILURE if self.failed is not None else FINISHED)
+
+    def _leave(self, why: str) -> None:
+        """Say that this rank leaves on its own, and why (the first reason stays)."""
+        if self.store is not None:
+            store, key = self.store, LEFT_KEY.format(rank=self.rank)
+            _bounded(lambda: store.compare_set(key, "", why), 2.0)
+
+    def left(self, rank: int) -> str | None:
+        """Why ``rank`` left on its own (``AFTER_FAILURE``, ``FINISHED``), or None: it said nothing
+        (killed, crashed or hung; or still running)."""
+        if self.store is None:
+            return None
+        store, key = self.store, LEFT_KEY.format(rank=rank)
+        found = _bounded(lambda: store.get(key).decode() if store.check([key]) else None, 2.0)
+        return found or None
 
     def silent_ranks(self, world_size: int) -> list[int]:
         """The other ranks whose heartbeat does not move over a few beats (dead, or never started)."""
@@ -112,6 +149,7 @@ class FailureWatch:
         if self.store is not None:
             store = self.store
             first = _bounded(lambda: store.compare_set(FAILURE_KEY, "", mine).decode(), 5.0)
+        self._leave(AFTER_FAILURE)  # before this rank's connections close: who loses it knows why
         if first and first != mine:  # another rank saw a failure first: lead with it (the root cause)
             return f"{first}\n  then on {self.describe()}: {message}"
         return message
@@ -128,6 +166,7 @@ class FailureWatch:
                 return
             if self.stopped.is_set():
                 continue
+            self._leave(AFTER_FAILURE)
             print(
                 f"{first}\n  {self.describe()} stopping at tick {self.tick()} because of it",
                 file=sys.stderr,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .failures import DEFAULT_TIMEOUT, FailureWatch, PipelineError, is_timeout, short
+from .failures import DEFAULT_TIMEOUT, FailureWatch, PipelineError, gone, is_timeout, short
 from .placement import RankPlacement
 
 CONTROL_TIMEOUT = 3600.0  # how long ranks wait for rank 0 (data preparation, evaluation, checkpoint writes)
@@ -55,15 +55,15 @@ class DistributedRanks:
             raise
         except Exception as err:  # noqa: BLE001
             silent = self.watch.silent_ranks(self.world_size)
-            who = ", ".join(self.placement.name_rank(r) for r in silent) or "another rank"
-            state = (
-                f"stopped responding: timed out after {self.timeout:g} s"
-                if is_timeout(err) and not silent
-                else "failed or was killed"
+            left = {r for r in silent if self.watch.left(r)}  # left on their own: stopped, not failed
+            who, others = gone(
+                [self.placement.name_rank(r) for r in silent if r not in left],
+                [self.placement.name_rank(r) for r in silent if r in left],
+                self.timeout if is_timeout(err) else None,
             )
             when = "" if "tick" in what else f" (tick {self.tick})"
             raise PipelineError(
-                self.report(f"petra: {who} {state} while {self.placement.describe()} was {what}{when} ({short(err)})")
+                self.report(f"petra: {who} while {self.placement.describe()} was {what}{when} ({short(err)}){others}")
             ) from err
 
     def barrier(self, what: str) -> None:

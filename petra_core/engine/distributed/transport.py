@@ -25,7 +25,7 @@ import torch.distributed as dist
 from ...models import streams
 from ..messages import BackwardMsg, ForwardMsg
 from ..worlds import LocalTransport
-from .failures import DEFAULT_TIMEOUT, PipelineError, ProtocolError, is_timeout, short
+from .failures import AFTER_FAILURE, DEFAULT_TIMEOUT, PipelineError, ProtocolError, is_timeout, short
 from .placement import RankPlacement
 from .wire import (
     BACKWARD,
@@ -142,6 +142,7 @@ class DistributedTransport:
         groups: dict,
         timeout: float = DEFAULT_TIMEOUT,
         on_failure=None,
+        left=None,
         backward: bool = True,
     ):
         self.schedule, self.position = schedule, placement.position
@@ -151,6 +152,8 @@ class DistributedTransport:
         self.rank = placement.rank
         self.device, self.timeout = placement.device, timeout
         self.on_failure = on_failure or (lambda message: message)
+        self.left = left or (lambda rank: None)  # why a rank left on its own (FailureWatch.left)
+        self.rank_of = rank_of
         self.name_stage = placement.name_stage
         self.owner = {j: p for p, stages in enumerate(placement.ranges) for j in stages}
         self.mine = placement.stages
@@ -261,7 +264,13 @@ class DistributedTransport:
         self.stats.send_s += time.perf_counter() - t0
 
     def _lost(self, peer: int, what: str, err: BaseException) -> PipelineError:
-        """The neighbour owning stage ``peer`` stopped responding or failed while this rank did ``what``."""
+        """The neighbour owning stage ``peer`` stopped responding or failed while this rank did ``what``
+        (or left on its own: then it is named as stopped, not failed)."""
+        why = None if isinstance(err, ProtocolError) else self.left(self.rank_of(self.owner[peer]))
+        if why == AFTER_FAILURE:
+            return self._fail(f"petra: {self.where(peer)} stopped because of it, while {what}")
+        if why is not None:
+            return self._fail(f"petra: {self.where(peer)} had {why} and left while {what} ({short(err)})")
         if isinstance(err, ProtocolError):
             return self._fail(
                 f"petra: protocol error from {self.where(peer)} while {what}: {err} "

@@ -104,6 +104,7 @@ class DistributedWorld:
                 groups=self.edges,
                 timeout=self.timeout,
                 on_failure=self.ranks.report,
+                left=self.ranks.watch.left,
                 backward=backward,
             ),
         )
