@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass
+from functools import cached_property
 from typing import ClassVar
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -258,7 +259,7 @@ class _Flushed(Schedule):
 
     fixed_weights_in_flight = True
 
-    @property
+    @cached_property
     def group_size(self) -> int:
         return self.k
 
@@ -269,15 +270,39 @@ class _Flushed(Schedule):
     def _group_ticks(self, size: int) -> int:
         return self._backward_start(size, 0) + size
 
-    @property
+    @cached_property
     def period(self) -> int:
         """Ticks of a full group."""
         return self._group_ticks(self.group_size)
 
-    @property
+    @cached_property
     def num_ticks(self) -> int:
         full, rest = divmod(self.num_batches, self.group_size)
         return full * self.period + (self._group_ticks(rest) if rest else 0)
+
+    def _local_table(self, size: int) -> tuple[list[tuple[tuple[int | None, int | None], ...]], list[list[int]]]:
+        """A group of ``size`` minibatches, tick by local tick: each stage's (forward, backward)
+        minibatch offsets within the group (None: idle), and the stages that act. Every group of a
+        size has the same table, so it is made once (a runner reads it every tick: a lookup, not a
+        recomputation per stage)."""
+        table = self._tables.get(size)
+        if table is None:
+            J, ticks = self.num_stages, self._group_ticks(size)
+            starts = [self._backward_start(size, j) for j in range(J)]
+            offsets = [
+                tuple(
+                    ((local - j) if 0 <= local - j < size else None, (local - b) if 0 <= local - b < size else None)
+                    for j, b in enumerate(starts)
+                )
+                for local in range(ticks)
+            ]
+            busy = [[j for j, fb in enumerate(row) if fb != (None, None)] for row in offsets]
+            table = self._tables[size] = (offsets, busy)
+        return table
+
+    @cached_property
+    def _tables(self) -> dict:
+        return {}
 
     def _group(self, mb: int) -> tuple[int, int]:
         """(start tick, size) of the group of minibatch ``mb``."""
@@ -297,8 +322,12 @@ class _Flushed(Schedule):
         if where is None:
             return None, None
         first, size, local = where
-        f, b = local - stage, local - self._backward_start(size, stage)
-        return (first + f if 0 <= f < size else None), (first + b if 0 <= b < size else None)
+        f, b = self._local_table(size)[0][local][stage]
+        return (None if f is None else first + f), (None if b is None else first + b)
+
+    def busy(self, tick: int) -> list[int]:
+        where = self._locate(tick)
+        return [] if where is None else self._local_table(where[1])[1][where[2]]
 
     def forward_tick(self, mb: int, stage: int) -> int:
         start, _ = self._group(mb)
@@ -310,7 +339,7 @@ class _Flushed(Schedule):
 
     def flushed(self, tick: int) -> bool:
         where = self._locate(tick)
-        return where is not None and where[2] == self._group_ticks(where[1]) - 1
+        return where is not None and where[2] == len(self._local_table(where[1])[0]) - 1
 
     def staleness(self, stage: int) -> int:
         return 0
@@ -337,7 +366,7 @@ class Sequential(OneFOneB):
     name = "sequential"
     one_in_flight = True
 
-    @property
+    @cached_property
     def group_size(self) -> int:
         return 1
 
