@@ -1020,15 +1020,83 @@ def test_the_machine_busy_time_is_read_from_proc_stat():
 
 def test_the_readmes_results_are_what_the_committed_records_give():
     """README.md's "Results at a glance" is rendered by `petra readme`, never typed by hand."""
-    from petra_core.report.readme import is_current, render_block
+    from petra_core.report.readme import render_block, stale
 
     root = Path(__file__).resolve().parents[1]
-    assert is_current(root / "README.md", root / "results", root / "workflow/studies"), (
+    assert not stale(root / "README.md", root / "results", root / "workflow/studies", doc=None), (
         "README.md's results block is stale: run `petra readme`\n"
         + render_block(root / "results", root / "workflow/studies")
     )
     block = render_block(root / "results", root / "workflow/studies")
     assert "PETRA (k = 1) minus" in block and "Table 3" in block
+
+
+def test_reproducing_mds_expected_values_are_rendered_and_checked(tmp_path):
+    """docs/reproducing.md's expected values are generated blocks: the committed file is what the
+    records give, and `petra readme --check` fails on a copy where one figure was typed over."""
+    from petra_core.report.readme import DOC_BLOCKS, doc_markers, stale
+
+    root = Path(__file__).resolve().parents[1]
+    doc = root / "docs/reproducing.md"
+    args = (root / "README.md", root / "results", root / "workflow/studies")
+    assert stale(*args, doc=doc) == [], "docs/reproducing.md's expected values are stale: run `petra readme`"
+    text = doc.read_text()
+    for name in DOC_BLOCKS:
+        begin, end = doc_markers(name)
+        assert text.count(begin) == 1 and text.count(end) == 1, name
+    begin, end = doc_markers("cpu-table2")
+    block = text[text.index(begin) : text.index(end)]
+    assert "45.18 ± 0.08 (n = 2)" in block and "46.95 (n = 1)" in block  # the records' values, n beside each
+    typed = tmp_path / "reproducing.md"
+    typed.write_text(text.replace("46.95 (n = 1)", "48.00 (n = 1)", 1))
+    assert stale(*args, doc=typed) == [str(typed)]
+    from petra_core.cli import main as cli_main
+
+    assert (
+        cli_main(
+            [
+                "readme",
+                "--check",
+                "--readme",
+                str(args[0]),
+                "--results",
+                str(args[1]),
+                "--studies",
+                str(args[2]),
+                "--doc",
+                str(typed),
+            ]
+        )
+        == 1
+    )
+    assert (
+        cli_main(
+            [
+                "readme",
+                "--check",
+                "--readme",
+                str(args[0]),
+                "--results",
+                str(args[1]),
+                "--studies",
+                str(args[2]),
+                "--doc",
+                str(doc),
+            ]
+        )
+        == 0
+    )
+
+
+def test_a_gap_shows_its_spread_only_where_both_sides_have_several_runs():
+    """README's gap per budget: PETRA k = 1 and delayed have one seed at 20,000 minibatches, so their
+    gap there has no ± (backprop's spread alone is not the gap's), and each gap names both n."""
+    from petra_core.report.readme import render_block
+
+    root = Path(__file__).resolve().parents[1]
+    block = render_block(root / "results", root / "workflow/studies")
+    assert "-0.88 (n = 1/2)" in block and "-0.55 (n = 1/2)" in block
+    assert "-16.84 ± 0.64 (n = 3/3)" in block
 
 
 def test_readme_says_how_a_deeper_models_gap_compares_with_the_10_stage_gap(depth):

@@ -149,10 +149,15 @@ def register(sub) -> None:
         description="Replace the block between README.md's results markers by a render of "
         "results/costs and of each study's results (the studies of --studies with a readme part), "
         "and the block between its benchmarks markers by a render "
-        "of results/benchmarks/*.json (benchmarks run with --record); --check: exit 1 if "
-        "a committed block differs.",
+        "of results/benchmarks/*.json (benchmarks run with --record), and the expected values of "
+        "--doc (docs/reproducing.md) likewise; --check: exit 1 if a committed block of either differs.",
     )
     p.add_argument("--readme", default="README.md", help="the file holding the blocks (default %(default)s)")
+    p.add_argument(
+        "--doc",
+        default="docs/reproducing.md",
+        help="the document whose expected values are generated blocks too (default %(default)s)",
+    )
     p.add_argument("--results", default="results", help="the results root (default %(default)s)")
     p.add_argument("--studies", default=str(STUDIES_DIR), help="the study registry (default %(default)s)")
     p.add_argument("--check", action="store_true", help="only check; change nothing")
