@@ -229,11 +229,12 @@ def test_summary_is_mean_std_n_over_seeds(fake):
     bp = s[s.method == "backprop"].iloc[0]
     assert bp.n == 2 and bp.top1_mean == 72.0 and math.isclose(bp.top1_std, pd.Series([71.25, 72.75]).std())
     assert s[s.method == "petra"].n.tolist() == [1, 1] and s[s.method == "petra"].top1_std.isna().all()
-    assert results.metrics_json(s)["cifar10"]["revnet18-w8"]["backprop-k1"] == {
+    assert results.metrics_files(s)["cifar10-revnet18-w8-backprop-k1"] == {
         "top1_mean": 72.0,
         "n": 2,
         "top1_std": round(bp.top1_std, 4),
     }
+    assert all("top1_std" not in m for name, m in results.metrics_files(s).items() if "petra" in name)  # n = 1
 
 
 def test_a_key_only_some_runs_set_keeps_every_run_in_the_summary(fake):
@@ -249,7 +250,44 @@ def test_results_written_and_read_back(fake):
     back = results.load(fake["results_dir"])
     assert set(back) == {"results", "history", "memory", "fidelity", "summary"}
     assert len(back["results"]) == 4 and len(back["summary"]) == 3
-    assert json.loads((fake["results_dir"] / "summary.json").read_text())["cifar10"]
+    metrics = sorted((fake["results_dir"] / "metrics").glob("*.json"))  # DVC's: a file (a row) per group
+    assert len(metrics) == len(back["summary"]) and set(json.loads(metrics[0].read_text())) <= {
+        "top1_mean",
+        "top1_std",
+        "n",
+    }
+
+
+def test_dvc_metrics_are_a_row_per_group_named_by_what_tells_groups_apart():
+    """`dvc metrics show` prints a row per file: each group of runs gets a short file name, with only
+    the varied keys that tell groups apart (a name such as the optimizer before a number)."""
+    summary = pd.DataFrame(
+        {
+            "profile": "p",
+            "dataset": "cifar10",
+            "arch": "resnet18",
+            "width": 8,
+            "method": "backprop",
+            "k": 2,
+            "base_lr": [0.1, 0.1, 0.002, 0.002],
+            "optimizer": ["sgd", "sgd", "adamw", "adamw"],
+            "epochs": 40,
+            "replica_rule": ["dpu", "acco", "dpu", "acco"],
+            "rule_options": ['{"warmup": 0}', "{}", '{"warmup": 0}', "{}"],
+            "n": [2, 1, 2, 2],
+            "top1_mean": [70.0, 71.0, 72.0, 73.0],
+            "top1_std": [0.5, float("nan"), 0.25, 0.125],
+        }
+    )
+    assert results.group_names(summary) == [
+        "cifar10-resnet18-w8-backprop-k2-optimizer=sgd-replica_rule=dpu",
+        "cifar10-resnet18-w8-backprop-k2-optimizer=sgd-replica_rule=acco",
+        "cifar10-resnet18-w8-backprop-k2-optimizer=adamw-replica_rule=dpu",
+        "cifar10-resnet18-w8-backprop-k2-optimizer=adamw-replica_rule=acco",
+    ]
+    twins = pd.concat([summary.iloc[:1], summary.iloc[:1]], ignore_index=True)
+    with pytest.raises(ValueError, match="no key tells apart"):
+        results.group_names(twins)
 
 
 def test_missing_runs_are_an_error_unless_allowed(fake, tmp_path):

@@ -91,7 +91,8 @@ def register(sub) -> None:
         help="gather a profile's runs into tidy tables (results/PROFILE/*.csv)",
         description="Read every run of the profile's grid and write results.csv (one row per run), "
         "history.csv (per epoch), memory.csv (per stage), fidelity.csv, summary.csv "
-        "(mean, std, n over seeds) and summary.json (DVC metrics).",
+        "(mean, std, n over seeds) and metrics/GROUP.json (DVC metrics: top-1 mean, std, n; a file per group "
+        "of runs, so `dvc metrics show` prints a row each).",
     )
     p.add_argument(
         "--profile", required=True, help="a profile, by name (cpu) or path (workflow/config/profiles/cpu.yaml)"
