@@ -1150,3 +1150,23 @@ def test_readme_says_how_a_deeper_models_gap_compares_with_the_10_stage_gap(dept
     assert (d["model"], d["stages"], d["shallow_stages"]) == ("RevNet34", 18, 10)
     assert [(r["minibatches"], r["gap"], r["ratio"]) for r in d["rows"]] == [(500, -30.0, 1.5), (1000, -20.0, 2.0)]
     assert d["paper_gap"] == pytest.approx(-0.5) and d["fit"]["factor_per_doubling"] == pytest.approx(20 / 30)
+
+
+def test_petra_plot_draws_two_committed_runs(tmp_path, capsys):
+    """`petra plot RUN_DIR RUN_DIR --out FILE.png`: a PNG of their loss, accuracy and lr per epoch,
+    byte-stable (the same bits when drawn again); a directory without history.json is one line."""
+    from petra_core.cli import main as cli_main
+
+    root = Path(__file__).resolve().parents[1] / "runs/budget/cifar10/revnet18-w8"
+    runs = [str(root / "backprop-k1-seed0-e5"), str(root / "petra-k1-seed0-e5")]
+    out = tmp_path / "curves.png"
+    assert cli_main(["plot", *runs, "--out", str(out)]) == 0
+    png = out.read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20_000, len(png)
+    assert cli_main(["plot", *runs, "--out", str(tmp_path / "again.png")]) == 0
+    assert (tmp_path / "again.png").read_bytes() == png
+    capsys.readouterr()
+    assert cli_main(["plot", str(tmp_path), "--out", str(tmp_path / "x.png")]) == 2
+    assert f"{tmp_path} is not a recorded run: it has no history.json" in capsys.readouterr().err
+    assert cli_main(["plot", *runs, "--out", str(tmp_path / "x.jpg")]) == 2
+    assert "the file's suffix must be one of .png, .pdf" in capsys.readouterr().err

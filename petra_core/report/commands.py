@@ -1,4 +1,5 @@
-"""``petra results | tables | figures``: the report's sub-commands (picked up by ``petra_core.cli``).
+"""``petra results | tables | figures | studies | readme | plot``: the report's sub-commands
+(picked up by ``petra_core.cli``).
 
 Heavy imports (pandas, seaborn, the accounting) happen inside the commands, so ``petra --help``
 stays fast and a missing plotting library only affects ``petra figures``.
@@ -85,6 +86,12 @@ def cmd_readme(args) -> int:
     return run(args)
 
 
+def cmd_plot(args) -> int:
+    from .run_plot import cmd_plot as run
+
+    return run(args)
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "results",
@@ -163,3 +170,14 @@ def register(sub) -> None:
     p.add_argument("--studies", default=str(STUDIES_DIR), help="the study registry (default %(default)s)")
     p.add_argument("--check", action="store_true", help="only check; change nothing")
     p.set_defaults(func=cmd_readme)
+
+    p = sub.add_parser(
+        "plot",
+        help="draw loss, accuracy and lr against epoch for one or several runs, from their history.json",
+        description="Draw training loss, accuracy and learning rate (and test loss and top-1 where a run "
+        "evaluated) against epoch, one line per run labelled by its run directory, from each RUN_DIR's "
+        "history.json, into one PNG or PDF.",
+    )
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a run's directory (history.json)")
+    p.add_argument("--out", required=True, help="the file to write: FILE.png or FILE.pdf")
+    p.set_defaults(func=cmd_plot)
