@@ -211,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="retrain a recorded run's first epochs at this code and compare with its record",
         description="Retrain the first N epochs of a recorded run (RUN_DIR/config.yaml) in a temporary "
         "directory and compare them epoch by epoch with RUN_DIR/history.json. Prints "
-        "'bit-identical' or the differences, and whether bit identity was to be expected "
+        "'bit-identical' or the differences, the quantities compared at each epoch (an epoch without "
+        "test evaluation compares training loss, accuracy and lr only), and whether bit identity was to be expected "
         "(same code revision, torch, CPU capability and model, threads; on CUDA the GPU, "
         "CUDA and cuDNN). Exit status 0 when bit-identical, 1 when not.",
     )

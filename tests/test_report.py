@@ -229,11 +229,12 @@ def test_summary_is_mean_std_n_over_seeds(fake):
     bp = s[s.method == "backprop"].iloc[0]
     assert bp.n == 2 and bp.top1_mean == 72.0 and math.isclose(bp.top1_std, pd.Series([71.25, 72.75]).std())
     assert s[s.method == "petra"].n.tolist() == [1, 1] and s[s.method == "petra"].top1_std.isna().all()
-    assert results.metrics_json(s)["cifar10"]["revnet18-w8"]["backprop-k1"] == {
+    assert results.metrics_files(s)["cifar10-revnet18-w8-backprop-k1"] == {
         "top1_mean": 72.0,
         "n": 2,
         "top1_std": round(bp.top1_std, 4),
     }
+    assert all("top1_std" not in m for name, m in results.metrics_files(s).items() if "petra" in name)  # n = 1
 
 
 def test_a_key_only_some_runs_set_keeps_every_run_in_the_summary(fake):
@@ -249,7 +250,44 @@ def test_results_written_and_read_back(fake):
     back = results.load(fake["results_dir"])
     assert set(back) == {"results", "history", "memory", "fidelity", "summary"}
     assert len(back["results"]) == 4 and len(back["summary"]) == 3
-    assert json.loads((fake["results_dir"] / "summary.json").read_text())["cifar10"]
+    metrics = sorted((fake["results_dir"] / "metrics").glob("*.json"))  # DVC's: a file (a row) per group
+    assert len(metrics) == len(back["summary"]) and set(json.loads(metrics[0].read_text())) <= {
+        "top1_mean",
+        "top1_std",
+        "n",
+    }
+
+
+def test_dvc_metrics_are_a_row_per_group_named_by_what_tells_groups_apart():
+    """`dvc metrics show` prints a row per file: each group of runs gets a short file name, with only
+    the varied keys that tell groups apart (a name such as the optimizer before a number)."""
+    summary = pd.DataFrame(
+        {
+            "profile": "p",
+            "dataset": "cifar10",
+            "arch": "resnet18",
+            "width": 8,
+            "method": "backprop",
+            "k": 2,
+            "base_lr": [0.1, 0.1, 0.002, 0.002],
+            "optimizer": ["sgd", "sgd", "adamw", "adamw"],
+            "epochs": 40,
+            "replica_rule": ["dpu", "acco", "dpu", "acco"],
+            "rule_options": ['{"warmup": 0}', "{}", '{"warmup": 0}', "{}"],
+            "n": [2, 1, 2, 2],
+            "top1_mean": [70.0, 71.0, 72.0, 73.0],
+            "top1_std": [0.5, float("nan"), 0.25, 0.125],
+        }
+    )
+    assert results.group_names(summary) == [
+        "cifar10-resnet18-w8-backprop-k2-optimizer=sgd-replica_rule=dpu",
+        "cifar10-resnet18-w8-backprop-k2-optimizer=sgd-replica_rule=acco",
+        "cifar10-resnet18-w8-backprop-k2-optimizer=adamw-replica_rule=dpu",
+        "cifar10-resnet18-w8-backprop-k2-optimizer=adamw-replica_rule=acco",
+    ]
+    twins = pd.concat([summary.iloc[:1], summary.iloc[:1]], ignore_index=True)
+    with pytest.raises(ValueError, match="no key tells apart"):
+        results.group_names(twins)
 
 
 def test_missing_runs_are_an_error_unless_allowed(fake, tmp_path):
@@ -1020,15 +1058,83 @@ def test_the_machine_busy_time_is_read_from_proc_stat():
 
 def test_the_readmes_results_are_what_the_committed_records_give():
     """README.md's "Results at a glance" is rendered by `petra readme`, never typed by hand."""
-    from petra_core.report.readme import is_current, render_block
+    from petra_core.report.readme import render_block, stale
 
     root = Path(__file__).resolve().parents[1]
-    assert is_current(root / "README.md", root / "results", root / "workflow/studies"), (
+    assert not stale(root / "README.md", root / "results", root / "workflow/studies", doc=None), (
         "README.md's results block is stale: run `petra readme`\n"
         + render_block(root / "results", root / "workflow/studies")
     )
     block = render_block(root / "results", root / "workflow/studies")
     assert "PETRA (k = 1) minus" in block and "Table 3" in block
+
+
+def test_reproducing_mds_expected_values_are_rendered_and_checked(tmp_path):
+    """docs/reproducing.md's expected values are generated blocks: the committed file is what the
+    records give, and `petra readme --check` fails on a copy where one figure was typed over."""
+    from petra_core.report.readme import DOC_BLOCKS, doc_markers, stale
+
+    root = Path(__file__).resolve().parents[1]
+    doc = root / "docs/reproducing.md"
+    args = (root / "README.md", root / "results", root / "workflow/studies")
+    assert stale(*args, doc=doc) == [], "docs/reproducing.md's expected values are stale: run `petra readme`"
+    text = doc.read_text()
+    for name in DOC_BLOCKS:
+        begin, end = doc_markers(name)
+        assert text.count(begin) == 1 and text.count(end) == 1, name
+    begin, end = doc_markers("cpu-table2")
+    block = text[text.index(begin) : text.index(end)]
+    assert "45.18 ± 0.08 (n = 2)" in block and "46.95 (n = 1)" in block  # the records' values, n beside each
+    typed = tmp_path / "reproducing.md"
+    typed.write_text(text.replace("46.95 (n = 1)", "48.00 (n = 1)", 1))
+    assert stale(*args, doc=typed) == [str(typed)]
+    from petra_core.cli import main as cli_main
+
+    assert (
+        cli_main(
+            [
+                "readme",
+                "--check",
+                "--readme",
+                str(args[0]),
+                "--results",
+                str(args[1]),
+                "--studies",
+                str(args[2]),
+                "--doc",
+                str(typed),
+            ]
+        )
+        == 1
+    )
+    assert (
+        cli_main(
+            [
+                "readme",
+                "--check",
+                "--readme",
+                str(args[0]),
+                "--results",
+                str(args[1]),
+                "--studies",
+                str(args[2]),
+                "--doc",
+                str(doc),
+            ]
+        )
+        == 0
+    )
+
+
+def test_a_gap_shows_its_spread_only_where_both_sides_have_several_runs():
+    """README's gap per budget: PETRA k = 1 and delayed have one seed at 20,000 minibatches, so their
+    gap there has no ± (backprop's spread alone is not the gap's), and each gap names both n."""
+    from petra_core.report.readme import render_block
+
+    root = Path(__file__).resolve().parents[1]
+    block = render_block(root / "results", root / "workflow/studies")
+    assert "-0.88 (n = 1/2)" in block and "-0.55 (n = 1/2)" in block
+    assert "-16.84 ± 0.64 (n = 3/3)" in block
 
 
 def test_readme_says_how_a_deeper_models_gap_compares_with_the_10_stage_gap(depth):
@@ -1044,3 +1150,23 @@ def test_readme_says_how_a_deeper_models_gap_compares_with_the_10_stage_gap(dept
     assert (d["model"], d["stages"], d["shallow_stages"]) == ("RevNet34", 18, 10)
     assert [(r["minibatches"], r["gap"], r["ratio"]) for r in d["rows"]] == [(500, -30.0, 1.5), (1000, -20.0, 2.0)]
     assert d["paper_gap"] == pytest.approx(-0.5) and d["fit"]["factor_per_doubling"] == pytest.approx(20 / 30)
+
+
+def test_petra_plot_draws_two_committed_runs(tmp_path, capsys):
+    """`petra plot RUN_DIR RUN_DIR --out FILE.png`: a PNG of their loss, accuracy and lr per epoch,
+    byte-stable (the same bits when drawn again); a directory without history.json is one line."""
+    from petra_core.cli import main as cli_main
+
+    root = Path(__file__).resolve().parents[1] / "runs/budget/cifar10/revnet18-w8"
+    runs = [str(root / "backprop-k1-seed0-e5"), str(root / "petra-k1-seed0-e5")]
+    out = tmp_path / "curves.png"
+    assert cli_main(["plot", *runs, "--out", str(out)]) == 0
+    png = out.read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20_000, len(png)
+    assert cli_main(["plot", *runs, "--out", str(tmp_path / "again.png")]) == 0
+    assert (tmp_path / "again.png").read_bytes() == png
+    capsys.readouterr()
+    assert cli_main(["plot", str(tmp_path), "--out", str(tmp_path / "x.png")]) == 2
+    assert f"{tmp_path} is not a recorded run: it has no history.json" in capsys.readouterr().err
+    assert cli_main(["plot", *runs, "--out", str(tmp_path / "x.jpg")]) == 2
+    assert "the file's suffix must be one of .png, .pdf" in capsys.readouterr().err

@@ -71,8 +71,8 @@ def snapshot(repo: Path) -> dict:
     out: they name the code revision, which a commit between the two runs would change."""
     files = {}
     for d in ("paper_tables", "figures", "results/smoke"):
-        for p in sorted((repo / d).iterdir()):
-            if not p.name.startswith("."):
+        for p in sorted((repo / d).rglob("*")):  # results/PROFILE/metrics/ holds a file per group
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(repo / d).parts):
                 files[p.relative_to(repo).as_posix()] = p.read_bytes()
     results = pd.read_csv(repo / "results/smoke/results.csv")
     files["results/smoke/results.csv"] = results.drop(columns=results.filter(like="env_").columns).to_csv().encode()

@@ -1,4 +1,5 @@
-"""``petra results | tables | figures``: the report's sub-commands (picked up by ``petra_core.cli``).
+"""``petra results | tables | figures | studies | readme | plot``: the report's sub-commands
+(picked up by ``petra_core.cli``).
 
 Heavy imports (pandas, seaborn, the accounting) happen inside the commands, so ``petra --help``
 stays fast and a missing plotting library only affects ``petra figures``.
@@ -85,13 +86,20 @@ def cmd_readme(args) -> int:
     return run(args)
 
 
+def cmd_plot(args) -> int:
+    from .run_plot import cmd_plot as run
+
+    return run(args)
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "results",
         help="gather a profile's runs into tidy tables (results/PROFILE/*.csv)",
         description="Read every run of the profile's grid and write results.csv (one row per run), "
         "history.csv (per epoch), memory.csv (per stage), fidelity.csv, summary.csv "
-        "(mean, std, n over seeds) and summary.json (DVC metrics).",
+        "(mean, std, n over seeds) and metrics/GROUP.json (DVC metrics: top-1 mean, std, n; a file per group "
+        "of runs, so `dvc metrics show` prints a row each).",
     )
     p.add_argument(
         "--profile", required=True, help="a profile, by name (cpu) or path (workflow/config/profiles/cpu.yaml)"
@@ -149,11 +157,27 @@ def register(sub) -> None:
         description="Replace the block between README.md's results markers by a render of "
         "results/costs and of each study's results (the studies of --studies with a readme part), "
         "and the block between its benchmarks markers by a render "
-        "of results/benchmarks/*.json (benchmarks run with --record); --check: exit 1 if "
-        "a committed block differs.",
+        "of results/benchmarks/*.json (benchmarks run with --record), and the expected values of "
+        "--doc (docs/reproducing.md) likewise; --check: exit 1 if a committed block of either differs.",
     )
     p.add_argument("--readme", default="README.md", help="the file holding the blocks (default %(default)s)")
+    p.add_argument(
+        "--doc",
+        default="docs/reproducing.md",
+        help="the document whose expected values are generated blocks too (default %(default)s)",
+    )
     p.add_argument("--results", default="results", help="the results root (default %(default)s)")
     p.add_argument("--studies", default=str(STUDIES_DIR), help="the study registry (default %(default)s)")
     p.add_argument("--check", action="store_true", help="only check; change nothing")
     p.set_defaults(func=cmd_readme)
+
+    p = sub.add_parser(
+        "plot",
+        help="draw loss, accuracy and lr against epoch for one or several runs, from their history.json",
+        description="Draw training loss, accuracy and learning rate (and test loss and top-1 where a run "
+        "evaluated) against epoch, one line per run labelled by its run directory, from each RUN_DIR's "
+        "history.json, into one PNG or PDF.",
+    )
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a run's directory (history.json)")
+    p.add_argument("--out", required=True, help="the file to write: FILE.png or FILE.pdf")
+    p.set_defaults(func=cmd_plot)

@@ -11,11 +11,17 @@ A run's identity is the grid's (``grid.IDENTITY``, its ``run`` name, and the con
 profile varies besides, e.g. ``epochs``). ``summarize(results)`` groups runs over seeds (mean,
 sample std, n). Everything here only reads the run records; the report's tables and figures
 read these files only.
+
+DVC's metrics are one small JSON file per group of runs (``metrics/GROUP.json``: top-1 mean, its
+std where n > 1, n), because ``dvc metrics show`` prints one row per file and one column per key:
+a single nested file made one row thousands of characters wide.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -57,7 +63,8 @@ SUMMARY_METRICS = [
 ]
 ENV = ["git_revision", "torch", "device", "processor", "cpu_count", "torch_threads", "gpus"]
 FRAMES = ("results", "history", "memory", "fidelity")
-RESULT_FILES = (*(f"{name}.csv" for name in FRAMES), "summary.csv", "summary.json")
+RESULT_FILES = (*(f"{name}.csv" for name in FRAMES), "summary.csv")
+METRICS_DIR = runio.METRICS_DIR  # DVC metrics: one GROUP.json per summary row
 
 
 class MissingRuns(FileNotFoundError):
@@ -199,21 +206,60 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def metrics_json(summary: pd.DataFrame) -> dict:
-    """Nested summary for ``dvc metrics show``: dataset -> arch-wW -> method-kK -> mean, std, n."""
-    out: dict = {}
-    extra = [c for c in group_keys(summary) if c not in grid.IDENTITY]
-    for r in summary.to_dict("records"):
+def _name_part(key: str, value) -> str:
+    """``epochs=80``, ``rule_options=p0.01``; '' for a key this group does not set (NaN)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "", str(value))
+    return f"{key}={slug}" if slug else ""
+
+
+def _wordy(column: pd.Series) -> bool:
+    """A column of names (an optimizer, a rule), not of numbers or lists of them (epochs, milestones)."""
+    return any(re.search("[A-Za-z]", str(v)) for v in column.dropna())
+
+
+def group_names(summary: pd.DataFrame) -> list[str]:
+    """A short file name per summary row: dataset, model and method, then only those of the keys
+    the profile varies that are needed to tell the rows apart (greedily, the most telling first; on a
+    tie a named choice such as the optimizer before a number such as the learning rate)."""
+    records = summary.to_dict("records")
+    names = [f"{r['dataset']}-{r['arch']}-w{r['width']}-{r['method']}-k{r['k']}" for r in records]
+    candidates = [c for c in group_keys(summary) if c not in grid.IDENTITY]
+    chosen: list[str] = []
+
+    def named(keys):
+        return ["-".join([base, *filter(None, (_name_part(k, r[k]) for k in keys))]) for base, r in zip(names, records)]
+
+    while len(set(named(chosen))) < len(records) and len(chosen) < len(candidates):
+        rest = [c for c in candidates if c not in chosen]
+        best = max(
+            rest,
+            key=lambda c: (len(set(named([*chosen, c]))), _wordy(summary[c]), -rest.index(c)),
+        )
+        chosen.append(best)
+    out = named([c for c in candidates if c in chosen])
+    if len(set(out)) < len(out):
+        raise ValueError(f"summary rows that no key tells apart: {sorted(n for n in out if out.count(n) > 1)}")
+    return out
+
+
+def metrics_files(summary: pd.DataFrame) -> dict[str, dict]:
+    """``dvc metrics show``'s rows: group name -> top-1 mean, its std (only where n > 1) and n."""
+    out = {}
+    if summary.empty:
+        return out
+    for name, r in zip(group_names(summary), summary.to_dict("records")):
         leaf = {"top1_mean": round(float(r["top1_mean"]), 4), "n": int(r["n"])}
         if r["n"] > 1:
             leaf["top1_std"] = round(float(r["top1_std"]), 4)
-        name = "-".join([f"{r['method']}-k{r['k']}", *(f"{key}{r[key]}" for key in extra)])
-        out.setdefault(r["dataset"], {}).setdefault(f"{r['arch']}-w{r['width']}", {})[name] = leaf
+        out[name] = leaf
     return out
 
 
 def write(frames: dict[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:
-    """``results.csv``, ``history.csv``, ``memory.csv``, ``fidelity.csv``, ``summary.csv``, ``summary.json``."""
+    """``results.csv``, ``history.csv``, ``memory.csv``, ``fidelity.csv``, ``summary.csv`` and
+    ``metrics/GROUP.json`` (DVC metrics, one file per summary row)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -222,11 +268,15 @@ def write(frames: dict[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:
         path = out_dir / f"{name}.csv"
         runio.write_text(path, frame.to_csv(index=False, float_format="%.6g"))
         paths.append(path)
-    path = out_dir / "summary.json"
-    runio.write_text(
-        path, json.dumps(runio.finite_json(metrics_json(summary)), indent=2, sort_keys=True, allow_nan=False) + "\n"
-    )
-    return [*paths, path]
+    metrics = out_dir / METRICS_DIR
+    metrics.mkdir(exist_ok=True)
+    for stale in metrics.glob("*.json"):  # a group no longer in the profile
+        stale.unlink()
+    for name, leaf in metrics_files(summary).items():
+        path = metrics / f"{name}.json"
+        runio.write_text(path, json.dumps(runio.finite_json(leaf), indent=2, sort_keys=True, allow_nan=False) + "\n")
+        paths.append(path)
+    return paths
 
 
 def load(results_dir: str | Path) -> dict[str, pd.DataFrame]:

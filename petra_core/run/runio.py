@@ -25,6 +25,9 @@ CYCLIC_FILES = ("cyclic_profile.csv", "cyclic_summary.csv", "cyclic.json")  # pe
 COST_FILES = ("table1_per_stage.csv", "table1.csv", "network_costs.csv", "table3.csv", "fidelity.csv", "costs.json")
 # where each study's records are (results/cdp, results/wash, ...): its declaration,
 # workflow/studies/NAME.yaml (petra_core.workflow.studies)
+# a profile's DVC metrics (results/PROFILE/metrics/GROUP.json, petra results): a file per group of
+# runs, since `dvc metrics show` prints a row per file
+METRICS_DIR = "metrics"
 GPU_RESULTS = "results/gpu"  # benchmarks/bench_gpu.py's files (<GPU>.json), Table 1's GPU section
 
 

@@ -7,6 +7,10 @@ differs between the record's machine and this one: the code revision, torch, the
 set (``torch.backends.cpu.get_cpu_capability()``) and model, the number of threads, the device
 (and on CUDA the GPU, CUDA and cuDNN). Each of those is compared from the record's ``env.json``;
 one the record does not hold (a record older than these fields) is "unknown".
+
+The report also says which quantities each epoch compared: an epoch without test evaluation holds
+no test loss or top-1 on either side, so "bit-identical" there speaks for training loss, training
+accuracy and learning rate only, and a reader must see that.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ TIMING = {
     "population_eval_time_s",
 }  # differ run to run
 # what decides a run's bits, as env.json names it; "gpus", "cuda", "cudnn" only on CUDA
+# what a history holds only on the epochs the test set is evaluated
+TEST_EVALUATION = ("test_loss", "top1", "top5")
 DECISIVE = ("git_revision", "torch", "cpu_capability", "cpu_model", "torch_threads", "device", "gpus", "cuda", "cudnn")
 
 
@@ -41,6 +47,31 @@ def expectations(recorded: dict, now: dict) -> list[dict]:
             same = False  # a dirty revision names no code anyone can check out
         rows.append({"key": key, "record": was, "here": is_, "same": same})
     return rows
+
+
+def compared(recorded: list[dict], now: list[dict], epochs: int) -> list[dict]:
+    """Per epoch, the quantities compared (a value on either side; timings and the epoch number
+    left out) and those neither side holds (None in both: nothing was compared)."""
+    rows = []
+    for e in range(epochs):
+        a, b = recorded[e], now[e]
+        keys = [k for k in dict.fromkeys([*a, *b]) if k not in TIMING and k != "epoch"]
+        held = [k for k in keys if a.get(k) is not None or b.get(k) is not None]
+        rows.append({"epoch": e + 1, "compared": held, "absent": [k for k in keys if k not in held]})
+    return rows
+
+
+def compared_line(row: dict) -> str:
+    """``epoch 1: compared train_loss, train_acc, lr (no test evaluation this epoch)``."""
+    notes, absent = [], row["absent"]
+    evaluated = [k for k in TEST_EVALUATION if k in row["compared"]]
+    if not evaluated and set(TEST_EVALUATION) & set(absent):  # none of the test quantities was held
+        notes.append("no test evaluation this epoch")
+        absent = [k for k in absent if k not in TEST_EVALUATION]
+    if absent:
+        notes.append(f"neither side holds {', '.join(absent)}")
+    note = f" ({'; '.join(notes)})" if notes else ""
+    return f"epoch {row['epoch']}: compared {', '.join(row['compared']) or 'nothing'}{note}"
 
 
 def differences(recorded: list[dict], now: list[dict], epochs: int) -> list[dict]:
@@ -88,6 +119,7 @@ def verify(
         "run_dir": str(run_dir),
         "epochs": epochs,
         "identical": not diffs,
+        "compared": compared(recorded, now, epochs),
         "differences": diffs,
         "expected": all(r["same"] for r in expect),
         "expectations": expect,
@@ -103,6 +135,7 @@ def format_report(report: dict) -> str:
         for d in report["differences"]:
             extra = f" ({d['difference']:+.6g})" if "difference" in d else ""
             lines.append(f"  epoch {d['epoch']} {d['key']}: record {d['record']!r}, here {d['here']!r}{extra}")
+    lines.extend(f"  {compared_line(row)}" for row in report["compared"])
     lines.append(
         "bit identity was expected: everything that decides the bits is the same"
         if report["expected"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import yaml
 
+from ..run.runio import METRICS_DIR
 from .studies import Study
 
 HEADER = """\
@@ -97,7 +98,7 @@ def results_stage() -> dict:
         "deps": ["${profile_file}", "runs/${profile}", *RESULTS_CODE],
         "params": ["profile", "train"],
         "outs": [{files[name]: RECORD} for name in ("results.csv", "memory.csv", "fidelity.csv", "summary.csv")],
-        "metrics": [{f"{PROFILE_RESULTS}/summary.json": RECORD}],
+        "metrics": [{f"{PROFILE_RESULTS}/{METRICS_DIR}": RECORD}],  # a file per group: a row each
         "plots": [{files["history.csv"]: {**RECORD, "x": "epoch", "y": "top1", "template": "scatter"}}],
     }
 

@@ -1,7 +1,7 @@
 rule results:
     """Gather every run of the profile into tidy tables: results.csv (one row per run: config,
     final metrics, parameters), history.csv (per epoch), memory.csv (per stage), fidelity.csv,
-    summary.csv (mean, std, n over seeds) and summary.json (DVC metrics)."""
+    summary.csv (mean, std, n over seeds) and metrics/GROUP.json (DVC metrics, a file per group)."""
     input:
         metrics=run_records("metrics.json"),  # each run's config.yaml and history.json come with it
         profile=PROFILE_FILE,
@@ -9,6 +9,7 @@ rule results:
     output:
         report(f"{RESULTS}/summary.csv", caption="../report/summary.rst", category="Results"),
         *(f"{RESULTS}/{name}" for name in RESULT_FILES if name != "summary.csv"),
+        directory(f"{RESULTS}/{METRICS_DIR}"),
     conda:
         "../envs/petra.yaml"
     log:

@@ -13,7 +13,7 @@ from petra_core.run.config import WATCH_KEYS
 from petra_core.reference import REFERENCE_FILE
 from petra_core.report.results import RESULT_FILES
 from petra_core.run import runio
-from petra_core.run.runio import COST_FILES, GPU_RESULTS
+from petra_core.run.runio import COST_FILES, GPU_RESULTS, METRICS_DIR
 
 # `petra` of the interpreter that runs Snakemake, also when its virtual environment is not active.
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
@@ -134,4 +134,4 @@ def run_records(name):
 
 
 def all_targets():
-    return [*(f"{RESULTS}/{name}" for name in RESULT_FILES), "paper_tables", "figures"]
+    return [*(f"{RESULTS}/{name}" for name in (*RESULT_FILES, METRICS_DIR)), "paper_tables", "figures"]
