@@ -1,8 +1,10 @@
 """Per-stage optimizer and learning-rate schedule (the paper's recipe, from torch.optim).
 
-* SGD with Nesterov momentum (or AdamW, ACCO's optimizer: ``optimizer="adamw"``, betas 0.9 and
-  0.999, decoupled weight decay); no weight decay on batch-norm parameters or any bias (every
-  parameter with fewer than two dimensions).
+* SGD with Nesterov momentum (or AdamW, ACCO's optimizer: ``optimizer="adamw"``, betas and epsilon
+  from the recipe, 0.9, 0.999 and 1e-8 by default; ACCO's official configuration uses β2 = 0.95);
+  no weight decay on batch-norm parameters or any bias (every parameter with fewer than two
+  dimensions) unless ``decay_1d`` (the official CDP, PAPA and ACCO codes decay every parameter;
+  docs/conventions.md).
 * Goyal et al. linear scaling: lr = base_lr · batch · k / 256.
 * Linear warm-up advanced at every optimizer step (one step = k minibatches), then ×gamma at
   milestone epochs: ``LinearLR`` chained with ``MultiStepLR``.
@@ -41,7 +43,7 @@ OPTIMIZERS: dict[str, OptimizerKind] = {
     kind.name: kind
     for kind in (
         OptimizerKind("sgd", torch.optim.SGD, ("lr", "momentum", "nesterov")),
-        OptimizerKind("adamw", torch.optim.AdamW, ("lr", "betas")),
+        OptimizerKind("adamw", torch.optim.AdamW, ("lr", "betas", "eps")),
     )
 }
 
@@ -70,20 +72,32 @@ class Recipe:
     gamma: float = 0.1
     scale_lr: bool = True  # Goyal scaling by batch · k / 256
     optimizer: str = "sgd"  # one of OPTIMIZERS
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW's (ACCO's official configuration: 0.9, 0.95)
+    eps: float = 1e-8  # AdamW's
+    decay_1d: bool = False  # decay parameters of one dimension or fewer too (biases, batch norm)
 
     def __post_init__(self):
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer={self.optimizer!r} is not allowed; allowed: {', '.join(OPTIMIZERS)}")
+        betas = tuple(self.betas)
+        if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"betas={self.betas!r} is not allowed; allowed: two numbers in [0, 1)")
+        object.__setattr__(self, "betas", tuple(float(b) for b in betas))
+        if not self.eps > 0.0:
+            raise ValueError(f"eps={self.eps!r} is not allowed; allowed: a number > 0")
 
     def lr(self, batch_size: int, k: int) -> float:
         return self.base_lr * batch_size * k / 256 if self.scale_lr else self.base_lr
 
 
-def param_groups(params: Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:
-    """Split parameters into decayed (conv/linear weights) and not decayed (BN, biases)."""
+def param_groups(
+    params: Iterable[tuple[str, nn.Parameter]], weight_decay: float, *, decay_1d: bool = False
+) -> list[dict]:
+    """Split parameters into decayed (conv/linear weights; with ``decay_1d`` every parameter, as the
+    official CDP, PAPA and ACCO codes do) and not decayed (BN, biases)."""
     decay, no_decay = [], []
     for _, p in params:
-        (decay if p.ndim > 1 else no_decay).append(p)
+        (decay if decay_1d or p.ndim > 1 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
 
@@ -94,11 +108,11 @@ def make_optimizer(
     """The optimizer (SGD or AdamW) + schedule for one stage. ``steps_per_epoch`` counts optimizer
     steps (minibatches / k)."""
     lr = recipe.lr(batch_size, k)
-    groups = param_groups(module.named_parameters(), recipe.weight_decay)
+    groups = param_groups(module.named_parameters(), recipe.weight_decay, decay_1d=recipe.decay_1d)
     if not groups:  # a stage without parameters (never happens for our models, but stay total)
         groups = [{"params": [nn.Parameter(torch.zeros(0))], "weight_decay": 0.0}]
     if recipe.optimizer == "adamw":
-        opt = OPTIMIZERS["adamw"].build(groups, lr=lr, betas=(0.9, 0.999))
+        opt = OPTIMIZERS["adamw"].build(groups, lr=lr, betas=recipe.betas, eps=recipe.eps)
     else:
         opt = OPTIMIZERS["sgd"].build(
             groups, lr=lr, momentum=recipe.momentum, nesterov=recipe.nesterov and recipe.momentum > 0

@@ -57,3 +57,49 @@ def test_an_optimizer_is_built_from_its_declared_options_only():
     assert kind_of(OPTIMIZERS["adamw"].build(params, lr=0.1)) is OPTIMIZERS["adamw"]
     with pytest.raises(ValueError, match="optimizer Adam is not declared; allowed: SGD, AdamW"):
         kind_of(torch.optim.Adam(params, lr=0.1))  # a ZeRO-1 shard could not rebuild it alike
+
+
+def test_decay_1d_decays_every_parameter_as_the_official_codes_do():
+    stem = build_model("revnet18", num_classes=10, width=4)[0]  # conv weight, BN weight, BN bias
+    opt, _ = make_optimizer(stem, Recipe(weight_decay=5e-4, decay_1d=True), batch_size=64, k=1, steps_per_epoch=10)
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] == 5e-4 for p in g["params"]}
+    assert decayed == {id(p) for p in stem.parameters()} and len(decayed) == 3
+    assert [g["weight_decay"] for g in opt.param_groups] == [5e-4]
+
+
+def test_adamw_betas_and_eps_reach_torch():
+    stage = torch.nn.Linear(2, 2)
+    opt, _ = make_optimizer(stage, Recipe(optimizer="adamw"), batch_size=64, k=1, steps_per_epoch=10)
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["betas"] == (0.9, 0.999) and opt.defaults["eps"] == 1e-8
+    recipe = Recipe(optimizer="adamw", betas=(0.9, 0.95), eps=1e-6)
+    opt, _ = make_optimizer(stage, recipe, batch_size=64, k=1, steps_per_epoch=10)
+    assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-6
+    assert all(g["betas"] == (0.9, 0.95) and g["eps"] == 1e-6 for g in opt.param_groups)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(betas=(0.9, 1.0)), "betas=(0.9, 1.0) is not allowed; allowed: two numbers in [0, 1)"),
+        (dict(betas=(0.9,)), "betas=(0.9,) is not allowed; allowed: two numbers in [0, 1)"),
+        (dict(eps=0.0), "eps=0.0 is not allowed; allowed: a number > 0"),
+    ],
+)
+def test_bad_betas_or_eps_are_one_line(bad, message):
+    with pytest.raises(ValueError) as err:
+        Recipe(optimizer="adamw", **bad)
+    assert str(err.value) == message
+
+
+def test_the_run_config_carries_the_conventions_into_the_recipe():
+    from petra_core.run.config import ConfigError, RunConfig
+    from petra_core.run.trainer import recipe_of
+
+    assert recipe_of(RunConfig()) == Recipe(base_lr=0.1, weight_decay=5e-4)  # the defaults: today's recipe
+    cfg = RunConfig.from_dict({"optimizer": "adamw", "adam_betas": [0.9, 0.95], "adam_eps": 1e-6, "decay_1d": True})
+    recipe = recipe_of(cfg)
+    assert (recipe.betas, recipe.eps, recipe.decay_1d) == ((0.9, 0.95), 1e-6, True)
+    with pytest.raises(ConfigError, match=r"^adam_betas=\[0.9\] must be two numbers in \[0, 1\)"):
+        RunConfig.from_dict({"adam_betas": [0.9]})
+    with pytest.raises(ConfigError, match=r"^adam_eps=0.0 must be > 0$"):
+        RunConfig.from_dict({"adam_eps": 0})

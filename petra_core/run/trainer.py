@@ -66,6 +66,9 @@ def recipe_of(cfg: RunConfig) -> Recipe:
         gamma=cfg.gamma,
         scale_lr=cfg.scale_lr,
         optimizer=cfg.optimizer,
+        betas=tuple(cfg.adam_betas),
+        eps=cfg.adam_eps,
+        decay_1d=cfg.decay_1d,
     )
 
 
