@@ -168,6 +168,7 @@ def build_workers(spec: PipelineSpec, model: StagedModel, replica: int) -> list[
                 tensor_offset=sum(counts[:j]),
                 tensors_total=sum(counts),
                 joins_next=j in joins,
+                batches_per_epoch=batches_per_epoch,
             )
         )
     return workers
