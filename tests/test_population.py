@@ -193,6 +193,22 @@ def test_papas_official_phase_averages_on_the_steps_it_names_in_a_run():
     assert all(equal_states(a, b) for a, b in zip(petra, train(get_rule("independent"), replicas=2, n=1)))
 
 
+def test_the_average_model_holds_the_replicas_mean_and_replica0s_integer_buffers():
+    from petra_core.run.population import average_model, evaluated_record
+
+    models = [make_model(seed=s) for s in (0, 1, 2)]
+    average = average_model(models)
+    states = [m.state_dict() for m in models]
+    for key, value in average.state_dict().items():
+        if value.is_floating_point():
+            assert torch.allclose(value, sum(s[key] for s in states) / 3, rtol=0, atol=1e-6), key
+        else:
+            assert torch.equal(value, states[0][key]), key
+    assert evaluated_record("replica0", models, None, {}) == {}  # nothing evaluated again
+    with pytest.raises(ValueError, match=r"^evaluated_model='mean' is not allowed; allowed: replica0, average, both$"):
+        evaluated_record("mean", models, None, {})
+
+
 def test_different_initialisations_are_drawn_per_replica_the_same_on_every_run():
     a = train(get_rule("independent", options={"init": "different"}), n=1)
     b = train(get_rule("independent", options={"init": "different"}), n=1)

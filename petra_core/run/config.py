@@ -327,6 +327,11 @@ class RunConfig:
                 )
             if self.rule_stages < 1:
                 raise ConfigError(f"rule_stages={self.rule_stages!r} must be >= 1")
+        if self.evaluated_model != "replica0" and self.replicas < 2:
+            raise ConfigError(
+                f"evaluated_model={self.evaluated_model!r} needs replicas >= 2 (one model is its own "
+                f"average); use evaluated_model=replica0"
+            )
         if declared.needs_replicas and self.replicas < 2:
             raise ConfigError(
                 f"replica_rule={self.replica_rule!r} is meaningless with replicas={self.replicas} (it is what "
