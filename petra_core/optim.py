@@ -6,14 +6,22 @@
   dimensions) unless ``decay_1d`` (the official CDP, PAPA and ACCO codes decay every parameter;
   docs/conventions.md).
 * Goyal et al. linear scaling: lr = base_lr · batch · k / 256.
-* Linear warm-up advanced at every optimizer step (one step = k minibatches), then ×gamma at
-  milestone epochs: ``LinearLR`` chained with ``MultiStepLR``.
+* Linear warm-up, then ×gamma at milestone epochs (counted in the stage's optimizer steps). The
+  warm-up's clock (``warmup_clock``): ``step`` (default) advances it at every optimizer step of
+  the stage (one step = k minibatches), lr·(s + 1)/W with W in steps: ``LinearLR`` chained with
+  ``MultiStepLR``. ``call`` is the authors' simulator's: one ramp for all stages, lr·(c + 1)/W
+  with W in calls, a *call* being one minibatch entering the pipeline (their training loop feeds
+  one minibatch per call and every layer steps in it); a stage's step takes the call of the tick
+  its schedule steps it at (:class:`CallWarmup`), so the clock is a function of the step alone and
+  the same in every world and after a resume.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -59,6 +67,9 @@ def kind_of(optimizer: torch.optim.Optimizer) -> OptimizerKind:
     )
 
 
+WARMUP_CLOCKS = ("step", "call")
+
+
 @dataclass(frozen=True)
 class Recipe:
     """Optimisation hyper-parameters shared by every stage."""
@@ -75,6 +86,7 @@ class Recipe:
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW's (ACCO's official configuration: 0.9, 0.95)
     eps: float = 1e-8  # AdamW's
     decay_1d: bool = False  # decay parameters of one dimension or fewer too (biases, batch norm)
+    warmup_clock: Literal["step", "call"] = "step"  # what the warm-up counts (module docstring)
 
     def __post_init__(self):
         if self.optimizer not in OPTIMIZERS:
@@ -85,6 +97,8 @@ class Recipe:
         object.__setattr__(self, "betas", tuple(float(b) for b in betas))
         if not self.eps > 0.0:
             raise ValueError(f"eps={self.eps!r} is not allowed; allowed: a number > 0")
+        if self.warmup_clock not in WARMUP_CLOCKS:
+            raise ValueError(f"warmup_clock={self.warmup_clock!r} is not allowed; allowed: {', '.join(WARMUP_CLOCKS)}")
 
     def lr(self, batch_size: int, k: int) -> float:
         return self.base_lr * batch_size * k / 256 if self.scale_lr else self.base_lr
@@ -102,11 +116,60 @@ def param_groups(
     return [g for g in groups if g["params"]]
 
 
+class CallWarmup:
+    """The ``call`` warm-up clock: at the stage's step s, lr = peak · min(1, (c + 1)/W) · gamma^(the
+    milestones ≤ s), c = ``call_of_step(s)`` the call the stage's schedule steps it in and W the
+    warm-up in calls. A scheduler as the worker uses one: ``step()`` after each optimizer step (the
+    lr of the next is set then), ``state_dict``/``load_state_dict`` (the step count)."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        warmup_calls: int,
+        milestones: list[int],
+        gamma: float,
+        call_of_step: Callable[[int], int],
+    ):
+        self.optimizer, self.warmup, self.gamma = optimizer, warmup_calls, gamma
+        self.milestones, self.call_of_step = sorted(milestones), call_of_step
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        self.last_step = 0
+        self._set()
+
+    def factor(self, step: int) -> float:
+        warm = min(1.0, (self.call_of_step(step) + 1) / self.warmup) if self.warmup > 1 else 1.0
+        return warm * self.gamma ** bisect.bisect_right(self.milestones, step)
+
+    def _set(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * self.factor(self.last_step)
+
+    def step(self) -> None:
+        self.last_step += 1
+        self._set()
+
+    def state_dict(self) -> dict:
+        return {"last_step": self.last_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.last_step = state["last_step"]
+        self._set()
+
+
 def make_optimizer(
-    module: nn.Module, recipe: Recipe, *, batch_size: int, k: int, steps_per_epoch: float
-) -> tuple[torch.optim.Optimizer, LRScheduler]:
+    module: nn.Module,
+    recipe: Recipe,
+    *,
+    batch_size: int,
+    k: int,
+    steps_per_epoch: float,
+    call_of_step: Callable[[int], int] | None = None,
+) -> tuple[torch.optim.Optimizer, LRScheduler | CallWarmup]:
     """The optimizer (SGD or AdamW) + schedule for one stage. ``steps_per_epoch`` counts optimizer
-    steps (minibatches / k)."""
+    steps (minibatches / k); ``call_of_step`` (``warmup_clock="call"`` only): the call (minibatch
+    entering the pipeline, 0-based) of each of the stage's steps."""
     lr = recipe.lr(batch_size, k)
     groups = param_groups(module.named_parameters(), recipe.weight_decay, decay_1d=recipe.decay_1d)
     if not groups:  # a stage without parameters (never happens for our models, but stay total)
@@ -117,10 +180,17 @@ def make_optimizer(
         opt = OPTIMIZERS["sgd"].build(
             groups, lr=lr, momentum=recipe.momentum, nesterov=recipe.nesterov and recipe.momentum > 0
         )
+    milestones = sorted(round(m * steps_per_epoch) for m in recipe.milestones)
+    if recipe.warmup_clock == "call":
+        if call_of_step is None:
+            raise ValueError("warmup_clock='call' needs call_of_step (the call of each of the stage's steps)")
+        calls = round(recipe.warmup_epochs * steps_per_epoch * k)  # an epoch's minibatches
+        return opt, CallWarmup(
+            opt, warmup_calls=calls, milestones=milestones, gamma=recipe.gamma, call_of_step=call_of_step
+        )
     schedulers: list[LRScheduler] = []
     warmup = round(recipe.warmup_epochs * steps_per_epoch)
     if warmup > 1:  # lr(s) = peak · (s + 1) / warmup for s < warmup
         schedulers.append(LinearLR(opt, start_factor=1.0 / warmup, end_factor=1.0, total_iters=warmup - 1))
-    milestones = sorted(round(m * steps_per_epoch) for m in recipe.milestones)
     schedulers.append(MultiStepLR(opt, milestones=milestones, gamma=recipe.gamma))
     return opt, ChainedScheduler(schedulers, optimizer=opt)

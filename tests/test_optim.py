@@ -103,3 +103,65 @@ def test_the_run_config_carries_the_conventions_into_the_recipe():
         RunConfig.from_dict({"adam_betas": [0.9]})
     with pytest.raises(ConfigError, match=r"^adam_eps=0.0 must be > 0$"):
         RunConfig.from_dict({"adam_eps": 0})
+
+
+def test_the_call_clock_ramps_one_learning_rate_over_calls_then_decays_per_step():
+    """``warmup_clock="call"``: lr at step s = peak · min(1, (c(s) + 1)/W) · gamma^(milestones ≤ s),
+    W in calls (minibatches), c(s) the call the stage steps in."""
+    from petra_core.optim import CallWarmup
+
+    recipe = Recipe(base_lr=0.1, scale_lr=False, warmup_epochs=2, milestones=(3,), gamma=0.1, warmup_clock="call")
+    stage = torch.nn.Linear(2, 2)
+    call_of_step = lambda s: 2 * s + 5  # noqa: E731 (k = 2, a stage stepping 5 calls after its step's first minibatch)
+    opt, sched = make_optimizer(stage, recipe, batch_size=64, k=2, steps_per_epoch=4, call_of_step=call_of_step)
+    assert isinstance(sched, CallWarmup)
+    warmup_calls = 2 * 4 * 2  # 2 epochs of 8 minibatches
+    seen = []
+    for _ in range(20):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    for s, lr in enumerate(seen):
+        expected = 0.1 * min(1.0, (2 * s + 5 + 1) / warmup_calls) * 0.1 ** (s >= 12)
+        assert lr == pytest.approx(expected, rel=1e-12), s
+    resumed_opt, resumed = make_optimizer(
+        stage, recipe, batch_size=64, k=2, steps_per_epoch=4, call_of_step=call_of_step
+    )
+    resumed.load_state_dict(sched.state_dict())
+    assert resumed_opt.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+    with pytest.raises(ValueError) as err:
+        Recipe(warmup_clock="tick")
+    assert str(err.value) == "warmup_clock='tick' is not allowed; allowed: step, call"
+
+
+@pytest.mark.parametrize("method, k", [("petra", 1), ("backprop", 2)])
+def test_with_the_call_clock_every_stage_steps_at_the_lr_of_the_call_it_steps_in(method, k):
+    """In a run, stage j's step s takes the call of the tick its schedule steps it at: the last
+    minibatch to have entered stage 0 by the backward of the step's last minibatch."""
+    from conftest import BeforeStep, make_batches, make_model
+
+    from petra_core import Simulator
+    from petra_core.engine.spec import schedule_for
+    from petra_core.methods import METHODS
+
+    n, B = 12, 4  # minibatches, per epoch
+    recipe = Recipe(base_lr=0.1, scale_lr=False, weight_decay=0.0, warmup_epochs=2, warmup_clock="call")
+    data = make_batches(n)
+    sim = Simulator(
+        make_model(method=method), method, num_batches=n, batches_per_epoch=B, get_batch=data.__getitem__,
+        batch_size=6, k=k, recipe=recipe,
+    )  # fmt: skip
+    seen = {}
+    sim.observers.append(BeforeStep(lambda w: seen.setdefault((w.index, w.steps), w.optimizer.param_groups[0]["lr"])))
+    sim.run()
+    schedule = schedule_for(METHODS[method], len(sim.model), n, k)
+    ticks_to_calls = [max(m for m in range(n) if schedule.forward_tick(m, 0) <= t) for t in range(schedule.num_ticks)]
+    assert len(seen) == len(sim.model) * (n // k)
+    for (j, s), lr in seen.items():
+        call = ticks_to_calls[schedule.backward_tick((s + 1) * k - 1, j)]
+        assert lr == pytest.approx(0.1 * min(1.0, (call + 1) / (2 * B)), rel=1e-12), (j, s)
+    if method == "petra":  # pipelined: the call is the tick, capped at the last minibatch
+        J = len(sim.model)
+        assert all(
+            seen[j, s] == pytest.approx(0.1 * min(1.0, (min(s + 2 * (J - 1) - j, n - 1) + 1) / 8)) for j, s in seen
+        )

@@ -152,7 +152,14 @@ class RunConfig:
         "also decay parameters of one dimension or fewer (biases, batch norm), as the official CDP, PAPA "
         "and ACCO codes do (docs/conventions.md)",
     )
-    warmup_epochs: float = _key(0.0, "linear warm-up length in epochs (advanced every optimizer step)")
+    warmup_epochs: float = _key(0.0, "linear warm-up length in epochs (its clock: warmup_clock)")
+    warmup_clock: str = _key(
+        "step",
+        "what the warm-up counts: step (each stage's optimizer steps, lr*(s+1)/W) or call (the authors' "
+        "simulator: one ramp for all stages over the minibatches entering the pipeline, lr*(c+1)/W; "
+        "docs/conventions.md)",
+        ("step", "call"),
+    )
     milestones: list = _key([], "epochs at which the learning rate is multiplied by gamma", example="[150, 225]")
     gamma: float = _key(0.1, "learning-rate decay factor at milestones")
     # evaluation

@@ -62,6 +62,7 @@ def recipe_of(cfg: RunConfig) -> Recipe:
         nesterov=True,
         weight_decay=cfg.weight_decay,
         warmup_epochs=cfg.warmup_epochs,
+        warmup_clock=cfg.warmup_clock,
         milestones=tuple(cfg.milestones),
         gamma=cfg.gamma,
         scale_lr=cfg.scale_lr,
