@@ -458,3 +458,18 @@ def test_the_overlap_benchmark_runs_acco_in_timing_mode_against_ddp_and_zero1(tm
         assert 0 < setting["ideal"] <= 1
     for row in report["memory"]:
         assert row["zero1_optimizer_state"] <= row["dp_optimizer_state"] / row["replicas"] + 4 * 64
+
+
+def test_a_rule_with_equal_replicas_evaluates_replica_0_as_its_average(tmp_path):
+    """``evaluated_model=both`` under ``acco`` (every replica holds the same weights): the average is
+    replica 0, so its record is replica 0's."""
+    from petra_core.cli import main
+
+    config = tiny_run(
+        synthetic_train=64, synthetic_test=32, batch_size=8, epochs=1, k=2, method="backprop", replicas=2,
+        replica_rule="acco", bn_reestimate_batches=0, evaluated_model="both",
+    )  # fmt: skip
+    assert main(["train", *argv(config), "--run-dir", str(tmp_path / "run")]) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert (metrics["average_top1"], metrics["average_test_loss"]) == (metrics["top1"], metrics["test_loss"])
+    assert "population" not in metrics
