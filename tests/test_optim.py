@@ -112,7 +112,10 @@ def test_the_call_clock_ramps_one_learning_rate_over_calls_then_decays_per_step(
 
     recipe = Recipe(base_lr=0.1, scale_lr=False, warmup_epochs=2, milestones=(3,), gamma=0.1, warmup_clock="call")
     stage = torch.nn.Linear(2, 2)
-    call_of_step = lambda s: 2 * s + 5  # noqa: E731 (k = 2, a stage stepping 5 calls after its step's first minibatch)
+
+    def call_of_step(s):  # k = 2, a stage stepping 5 calls after its step's first minibatch
+        return 2 * s + 5
+
     opt, sched = make_optimizer(stage, recipe, batch_size=64, k=2, steps_per_epoch=4, call_of_step=call_of_step)
     assert isinstance(sched, CallWarmup)
     warmup_calls = 2 * 4 * 2  # 2 epochs of 8 minibatches
