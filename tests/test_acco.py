@@ -15,6 +15,7 @@
 
 import copy
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,6 +30,8 @@ from petra_core.replicas.sharded import FlatLayout, ShardedOptimizer
 OPTIMIZERS = {
     "sgd": Recipe(base_lr=0.05, weight_decay=5e-4),
     "adamw": Recipe(base_lr=0.002, weight_decay=5e-4, optimizer="adamw"),
+    # ACCO's official β2 = 0.95 (it reaches the shards' optimizers)
+    "adamw-official": Recipe(base_lr=0.002, weight_decay=5e-4, optimizer="adamw", betas=(0.9, 0.95)),
 }
 
 
@@ -226,16 +229,22 @@ def test_with_lr_0_acco_applies_exactly_ddps_mean_gradient():
         assert worst <= 1e-10, f"stage {j}, step {t}: {worst:g}"
 
 
+@pytest.mark.parametrize("first_round", ["petra", "official"])
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_acco_follows_its_closed_form(name):
+def test_acco_follows_its_closed_form(name, first_round):
+    """Step t's first half holds h = k // 2 micro-batches; with ``first_round=official`` step 0's
+    holds one (the authors' first round)."""
     R, k, steps = 2, 4, 4
-    h = k // 2
     data = make_batches(steps * k * R, torch.float64, batch=4)
-    sim, rule = simulate("acco", R, steps, k, data, OPTIMIZERS[name], record=True)
+    sim, rule = simulate(("acco", {"first_round": first_round}), R, steps, k, data, OPTIMIZERS[name], record=True)
+    assert [rule.half(SimpleNamespace(steps=t, k=k)) for t in range(3)] == (
+        [2, 2, 2] if first_round == "petra" else [1, 2, 2]
+    )
 
     ref = ClosedForm(OPTIMIZERS[name], R, k, steps, data)
     tilde = weights(ref.model)
     for t in range(steps):
+        h = 1 if first_round == "official" and t == 0 else k // 2
         first = range(t * k, t * k + h)
         second = range(t * k + h, (t + 1) * k)
         g_tilde = ref.grad_at(tilde, first)  # the mean over the first half, at θ̃_t
@@ -332,6 +341,9 @@ def test_bad_acco_setups_are_one_line():
         assert needle in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(ValueError, match="warmup=-1 is not allowed"):
         get_rule("dpu", options={"warmup": -1})
+    with pytest.raises(ValueError) as err:
+        get_rule("acco", options={"first_round": "one"})
+    assert str(err.value) == "acco: first_round='one' is not allowed; allowed: petra, official"
 
 
 # ---- on ranks, and resumed ------------------------------------------------------------------------------
@@ -446,3 +458,18 @@ def test_the_overlap_benchmark_runs_acco_in_timing_mode_against_ddp_and_zero1(tm
         assert 0 < setting["ideal"] <= 1
     for row in report["memory"]:
         assert row["zero1_optimizer_state"] <= row["dp_optimizer_state"] / row["replicas"] + 4 * 64
+
+
+def test_a_rule_with_equal_replicas_evaluates_replica_0_as_its_average(tmp_path):
+    """``evaluated_model=both`` under ``acco`` (every replica holds the same weights): the average is
+    replica 0, so its record is replica 0's."""
+    from petra_core.cli import main
+
+    config = tiny_run(
+        synthetic_train=64, synthetic_test=32, batch_size=8, epochs=1, k=2, method="backprop", replicas=2,
+        replica_rule="acco", bn_reestimate_batches=0, evaluated_model="both",
+    )  # fmt: skip
+    assert main(["train", *argv(config), "--run-dir", str(tmp_path / "run")]) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert (metrics["average_top1"], metrics["average_test_loss"]) == (metrics["top1"], metrics["test_loss"])
+    assert "population" not in metrics

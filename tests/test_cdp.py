@@ -213,3 +213,52 @@ def test_a_cdp2_run_resumes_bit_for_bit(tmp_path, monkeypatch):
         sa = a["model"] if part == "model" else a["replica_models"][1]
         sb = b["model"] if part == "model" else b["replica_models"][1]
         assert all(torch.equal(v, sb[k]) for k, v in sa.items()), part
+
+
+def test_a_cdp_run_can_evaluate_the_replicas_average_as_the_official_code_does(tmp_path):
+    """``evaluated_model=average``: the run's final test record is the replicas' weight average's (the
+    population record's ``average_top1``, made by the same mean), replica 0's kept as ``replica0_*``;
+    ``both``: replica 0's as the run's, the average's beside it."""
+    from petra_core.cli import main
+
+    runs = {}
+    for choice in ("average", "both"):
+        config = tiny_run(
+            synthetic_train=64,
+            synthetic_test=32,
+            batch_size=16,
+            epochs=1,
+            replicas=2,
+            replica_rule="cdp2",
+            bn_reestimate_batches=0,
+            evaluated_model=choice,
+        )
+        assert main(["train", *argv(config), "--run-dir", str(tmp_path / choice)]) == 0
+        runs[choice] = (
+            json.loads((tmp_path / choice / "metrics.json").read_text()),
+            json.loads((tmp_path / choice / "history.json").read_text())[-1],
+        )
+    metrics, last = runs["average"]
+    assert metrics["top1"] == metrics["population"]["average_top1"]
+    assert (metrics["replica0_top1"], metrics["replica0_top5"], metrics["replica0_test_loss"]) == (
+        last["top1"],
+        last["top5"],
+        last["test_loss"],
+    )
+    both, last = runs["both"]
+    assert both["top1"] == last["top1"] and both["average_top1"] == both["population"]["average_top1"]
+    assert both["average_top1"] == metrics["top1"] and both["average_test_loss"] == metrics["test_loss"]
+    assert "replica0_top1" not in both
+
+
+def test_the_evaluated_model_is_refused_in_one_line_where_it_means_nothing():
+    from petra_core.run.config import ConfigError, RunConfig
+
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_dict({"evaluated_model": "average"})
+    assert str(err.value) == (
+        "evaluated_model='average' needs replicas >= 2 (one model is its own average); use evaluated_model=replica0"
+    )
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_dict({"evaluated_model": "mean", "replicas": 2})
+    assert str(err.value) == "evaluated_model='mean' is not allowed; allowed: replica0, average, both"

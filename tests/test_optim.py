@@ -57,3 +57,114 @@ def test_an_optimizer_is_built_from_its_declared_options_only():
     assert kind_of(OPTIMIZERS["adamw"].build(params, lr=0.1)) is OPTIMIZERS["adamw"]
     with pytest.raises(ValueError, match="optimizer Adam is not declared; allowed: SGD, AdamW"):
         kind_of(torch.optim.Adam(params, lr=0.1))  # a ZeRO-1 shard could not rebuild it alike
+
+
+def test_decay_1d_decays_every_parameter_as_the_official_codes_do():
+    stem = build_model("revnet18", num_classes=10, width=4)[0]  # conv weight, BN weight, BN bias
+    opt, _ = make_optimizer(stem, Recipe(weight_decay=5e-4, decay_1d=True), batch_size=64, k=1, steps_per_epoch=10)
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] == 5e-4 for p in g["params"]}
+    assert decayed == {id(p) for p in stem.parameters()} and len(decayed) == 3
+    assert [g["weight_decay"] for g in opt.param_groups] == [5e-4]
+
+
+def test_adamw_betas_and_eps_reach_torch():
+    stage = torch.nn.Linear(2, 2)
+    opt, _ = make_optimizer(stage, Recipe(optimizer="adamw"), batch_size=64, k=1, steps_per_epoch=10)
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["betas"] == (0.9, 0.999) and opt.defaults["eps"] == 1e-8
+    recipe = Recipe(optimizer="adamw", betas=(0.9, 0.95), eps=1e-6)
+    opt, _ = make_optimizer(stage, recipe, batch_size=64, k=1, steps_per_epoch=10)
+    assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-6
+    assert all(g["betas"] == (0.9, 0.95) and g["eps"] == 1e-6 for g in opt.param_groups)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(betas=(0.9, 1.0)), "betas=(0.9, 1.0) is not allowed; allowed: two numbers in [0, 1)"),
+        (dict(betas=(0.9,)), "betas=(0.9,) is not allowed; allowed: two numbers in [0, 1)"),
+        (dict(eps=0.0), "eps=0.0 is not allowed; allowed: a number > 0"),
+    ],
+)
+def test_bad_betas_or_eps_are_one_line(bad, message):
+    with pytest.raises(ValueError) as err:
+        Recipe(optimizer="adamw", **bad)
+    assert str(err.value) == message
+
+
+def test_the_run_config_carries_the_conventions_into_the_recipe():
+    from petra_core.run.config import ConfigError, RunConfig
+    from petra_core.run.trainer import recipe_of
+
+    assert recipe_of(RunConfig()) == Recipe(base_lr=0.1, weight_decay=5e-4)  # the defaults: today's recipe
+    cfg = RunConfig.from_dict({"optimizer": "adamw", "adam_betas": [0.9, 0.95], "adam_eps": 1e-6, "decay_1d": True})
+    recipe = recipe_of(cfg)
+    assert (recipe.betas, recipe.eps, recipe.decay_1d) == ((0.9, 0.95), 1e-6, True)
+    with pytest.raises(ConfigError, match=r"^adam_betas=\[0.9\] must be two numbers in \[0, 1\)"):
+        RunConfig.from_dict({"adam_betas": [0.9]})
+    with pytest.raises(ConfigError, match=r"^adam_eps=0.0 must be > 0$"):
+        RunConfig.from_dict({"adam_eps": 0})
+
+
+def test_the_call_clock_ramps_one_learning_rate_over_calls_then_decays_per_step():
+    """``warmup_clock="call"``: lr at step s = peak · min(1, (c(s) + 1)/W) · gamma^(milestones ≤ s),
+    W in calls (minibatches), c(s) the call the stage steps in."""
+    from petra_core.optim import CallWarmup
+
+    recipe = Recipe(base_lr=0.1, scale_lr=False, warmup_epochs=2, milestones=(3,), gamma=0.1, warmup_clock="call")
+    stage = torch.nn.Linear(2, 2)
+
+    def call_of_step(s):  # k = 2, a stage stepping 5 calls after its step's first minibatch
+        return 2 * s + 5
+
+    opt, sched = make_optimizer(stage, recipe, batch_size=64, k=2, steps_per_epoch=4, call_of_step=call_of_step)
+    assert isinstance(sched, CallWarmup)
+    warmup_calls = 2 * 4 * 2  # 2 epochs of 8 minibatches
+    seen = []
+    for _ in range(20):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    for s, lr in enumerate(seen):
+        expected = 0.1 * min(1.0, (2 * s + 5 + 1) / warmup_calls) * 0.1 ** (s >= 12)
+        assert lr == pytest.approx(expected, rel=1e-12), s
+    resumed_opt, resumed = make_optimizer(
+        stage, recipe, batch_size=64, k=2, steps_per_epoch=4, call_of_step=call_of_step
+    )
+    resumed.load_state_dict(sched.state_dict())
+    assert resumed_opt.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+    with pytest.raises(ValueError) as err:
+        Recipe(warmup_clock="tick")
+    assert str(err.value) == "warmup_clock='tick' is not allowed; allowed: step, call"
+
+
+@pytest.mark.parametrize("method, k", [("petra", 1), ("backprop", 2)])
+def test_with_the_call_clock_every_stage_steps_at_the_lr_of_the_call_it_steps_in(method, k):
+    """In a run, stage j's step s takes the call of the tick its schedule steps it at: the last
+    minibatch to have entered stage 0 by the backward of the step's last minibatch."""
+    from conftest import BeforeStep, make_batches, make_model
+
+    from petra_core import Simulator
+    from petra_core.engine.spec import schedule_for
+    from petra_core.methods import METHODS
+
+    n, B = 12, 4  # minibatches, per epoch
+    recipe = Recipe(base_lr=0.1, scale_lr=False, weight_decay=0.0, warmup_epochs=2, warmup_clock="call")
+    data = make_batches(n)
+    sim = Simulator(
+        make_model(method=method), method, num_batches=n, batches_per_epoch=B, get_batch=data.__getitem__,
+        batch_size=6, k=k, recipe=recipe,
+    )  # fmt: skip
+    seen = {}
+    sim.observers.append(BeforeStep(lambda w: seen.setdefault((w.index, w.steps), w.optimizer.param_groups[0]["lr"])))
+    sim.run()
+    schedule = schedule_for(METHODS[method], len(sim.model), n, k)
+    ticks_to_calls = [max(m for m in range(n) if schedule.forward_tick(m, 0) <= t) for t in range(schedule.num_ticks)]
+    assert len(seen) == len(sim.model) * (n // k)
+    for (j, s), lr in seen.items():
+        call = ticks_to_calls[schedule.backward_tick((s + 1) * k - 1, j)]
+        assert lr == pytest.approx(0.1 * min(1.0, (call + 1) / (2 * B)), rel=1e-12), (j, s)
+    if method == "petra":  # pipelined: the call is the tick, capped at the last minibatch
+        J = len(sim.model)
+        assert all(
+            seen[j, s] == pytest.approx(0.1 * min(1.0, (min(s + 2 * (J - 1) - j, n - 1) + 1) / 8)) for j, s in seen
+        )

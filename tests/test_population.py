@@ -12,7 +12,7 @@ from conftest import make_batches, make_model
 from petra_core import Recipe, Simulator
 from petra_core.engine.worlds import LocalReplicaGroup
 from petra_core.replicas import get_rule
-from petra_core.replicas.population import PAPA, WASH, draw_generator
+from petra_core.replicas.population import PAPA, WASH, draw_generator, step_in_epoch
 
 LR = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=False)
 
@@ -156,6 +156,59 @@ def test_papa_moves_each_model_towards_the_average_by_its_rate():
     assert all(torch.equal(c.params[0], f) for c, f in zip(copies, frozen))
 
 
+def averaging_steps(phase, every, k, batches_per_epoch, steps):
+    """The 0-based steps after which ``papa`` averages, asked step by step as the runner does."""
+    rule = PAPA(every=every, phase=phase)
+    copy = SimpleNamespace(k=k, batches_per_epoch=batches_per_epoch, steps=0)
+    taken = []
+    for s in range(steps):
+        copy.steps = s + 1  # after step s
+        if rule.averages_after(copy):
+            taken.append(s)
+    return taken
+
+
+def test_papa_averages_after_steps_every_2every_in_petras_phase_and_from_0_each_epoch_in_the_official_one():
+    # petra: after steps every, 2·every, ... (1-based), whatever the epochs
+    assert averaging_steps("petra", 10, 1, 25, 60) == [9, 19, 29, 39, 49, 59]
+    # official: i counted from 0 in each epoch of 25 steps, i % 10 == 0
+    assert averaging_steps("official", 10, 1, 25, 60) == [0, 10, 20, 25, 35, 45, 50]
+    # k = 2 over epochs of 24 minibatches: 12 steps an epoch
+    assert averaging_steps("official", 5, 2, 24, 30) == [0, 5, 10, 12, 17, 22, 24, 29]
+    # an epoch k does not divide (7 minibatches, k = 2): a step belongs to its first minibatch's epoch
+    assert [step_in_epoch(s, 2, 7) for s in range(8)] == [0, 1, 2, 3, 0, 1, 2, 0]
+
+
+def test_papas_official_phase_averages_on_the_steps_it_names_in_a_run():
+    # after step 0 (official) every model sits at the average at full strength; petra's phase
+    # with every=2 leaves a run of one step alone
+    def one_step(phase):
+        rule = get_rule("papa", options={"rate": 1.0, "every": 2, "scale_with_lr": False, "phase": phase})
+        return train(rule, replicas=2, n=1)
+
+    official, petra = one_step("official"), one_step("petra")
+    floats = [k for k, v in official[0].items() if v.is_floating_point()]
+    assert all(torch.allclose(official[1][k], official[0][k], rtol=0, atol=1e-6) for k in floats)
+    assert not equal_states(*petra)
+    assert all(equal_states(a, b) for a, b in zip(petra, train(get_rule("independent"), replicas=2, n=1)))
+
+
+def test_the_average_model_holds_the_replicas_mean_and_replica0s_integer_buffers():
+    from petra_core.run.population import average_model, evaluated_record
+
+    models = [make_model(seed=s) for s in (0, 1, 2)]
+    average = average_model(models)
+    states = [m.state_dict() for m in models]
+    for key, value in average.state_dict().items():
+        if value.is_floating_point():
+            assert torch.allclose(value, sum(s[key] for s in states) / 3, rtol=0, atol=1e-6), key
+        else:
+            assert torch.equal(value, states[0][key]), key
+    assert evaluated_record("replica0", models, None, {}) == {}  # nothing evaluated again
+    with pytest.raises(ValueError, match=r"^evaluated_model='mean' is not allowed; allowed: replica0, average, both$"):
+        evaluated_record("mean", models, None, {})
+
+
 def test_different_initialisations_are_drawn_per_replica_the_same_on_every_run():
     a = train(get_rule("independent", options={"init": "different"}), n=1)
     b = train(get_rule("independent", options={"init": "different"}), n=1)
@@ -168,6 +221,7 @@ def test_bad_population_options_are_one_line():
     for name, options, needle in (
         ("wash", {"p": 2}, "wash: p=2 is not allowed; allowed: 0 <= p <= 1"),
         ("papa", {"every": 0}, "papa: every=0 is not allowed"),
+        ("papa", {"phase": "epoch"}, "papa: phase='epoch' is not allowed; allowed: petra, official"),
         ("independent", {"init": "random"}, "independent: init='random' is not allowed; allowed: same, different"),
         ("wash", {"q": 1}, "replica rule 'wash' has no option 'q'; allowed: init, p, momentum"),
     ):

@@ -134,6 +134,23 @@ def joined_stages(spec: PipelineSpec, model: StagedModel, storages: dict) -> set
     }
 
 
+def calls_of_steps(schedule, stage: int, k: int):
+    """The ``warmup_clock="call"`` clock of ``stage``: the call (the last minibatch to have entered
+    stage 0, 0-based) of the tick at which the schedule steps the stage for its step s (the backward
+    of the step's last minibatch). A pure function of the step: the same in every world and resume."""
+    n = schedule.num_batches
+
+    def call_of_step(step: int) -> int:
+        tick = schedule.backward_tick(min((step + 1) * k, n) - 1, stage)
+        low, high = 0, n - 1  # the last minibatch whose stage-0 forward is at or before the tick
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if schedule.forward_tick(mid, 0) <= tick else (low, mid - 1)
+        return low
+
+    return call_of_step
+
+
 def build_workers(spec: PipelineSpec, model: StagedModel, replica: int) -> list[StageWorker]:
     """The workers of this process's stages of one replica's ``model`` (already on their devices).
     The learning rate scales with the batch of one optimizer step over all replicas."""
@@ -152,6 +169,7 @@ def build_workers(spec: PipelineSpec, model: StagedModel, replica: int) -> list[
             batch_size=spec.batch_size * spec.replicas,
             k=spec.k,
             steps_per_epoch=batches_per_epoch / spec.k,
+            call_of_step=calls_of_steps(spec.schedule, j, spec.k) if spec.recipe.warmup_clock == "call" else None,
         )
         workers.append(
             StageWorker(
@@ -168,6 +186,7 @@ def build_workers(spec: PipelineSpec, model: StagedModel, replica: int) -> list[
                 tensor_offset=sum(counts[:j]),
                 tensors_total=sum(counts),
                 joins_next=j in joins,
+                batches_per_epoch=batches_per_epoch,
             )
         )
     return workers

@@ -88,8 +88,10 @@ class StageWorker:
         joins_next: bool,
         replica: int = 0,
         precision: str = "fp32",
+        batches_per_epoch: float | None = None,
     ):
         self.stage, self.index, self.num_stages, self.replica = stage, index, num_stages, replica
+        self.batches_per_epoch = batches_per_epoch  # where epochs start, for rules that count steps per epoch
         self.precision = check_precision(precision)  # forward and rebuild run under it (engine.precision)
         self.is_first, self.is_last = index == 0, index == num_stages - 1
         self.storage = storage

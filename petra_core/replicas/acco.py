@@ -23,7 +23,10 @@ rule puts into the stage the version its compute side needs (:meth:`ShardedRule.
   computes g̃_t at θ̃_t (while the real round of step t − 1 makes θ_t), the second g_t at θ_t
   (while the tentative round makes θ̃_{t+1} = Opt(θ_t, mean g̃_t)); θ_{t+1} = Opt(θ_t, the
   count-weighted mean of g̃_t and g_t). θ̃_0 = θ_0. So g_t is computed on exactly the weights it
-  updates and g̃_t on a prediction of them; no step is delayed.
+  updates and g̃_t on a prediction of them; no step is delayed. ``first_round``: ``petra`` splits
+  step 0 as every step; ``official`` puts one micro-batch in step 0's first half, as the authors'
+  code does (its first tentative round sends the gradient of the one batch it computed to set up
+  its buffers), and k − 1 in the second.
 
 Here the accumulation count is fixed (the worker's k), so every replica computes the same
 micro-batches in every round and the simulator and torch.distributed agree bit for bit. On ranks
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Literal
 
 from torch import Tensor
 
@@ -304,12 +308,18 @@ class WeightPrediction(ShardedRule):
         return cell.layout.grads(), [("real", ("theta", t + 2)), ("tentative", ("hat", t + 3))]
 
 
+@dataclass(frozen=True)
+class ACCOOptions(RuleOptions):
+    first_round: Literal["petra", "official"] = "petra"  # step 0's first half: k // 2 or 1 micro-batch
+
+
 class ACCO(ShardedRule):
     """``acco``: half of each step's micro-batches at θ̃_t, half at θ_t; a tentative round makes
     θ̃_{t+1} while the second half computes, the real round θ_{t+1} while the next first half does."""
 
     name = "acco"
     schedules = (Sequential,)
+    Options = ACCOOptions
 
     def check(self, *, schedule: type[Schedule], k: int) -> None:
         super().check(schedule=schedule, k=k)
@@ -323,6 +333,9 @@ class ACCO(ShardedRule):
         cell.versions[("tilde", 0)] = cell.versions[("theta", 0)]
 
     def half(self, copy) -> int:
+        """The micro-batches of step ``copy.steps`` computed at the predicted weights θ̃."""
+        if copy.steps == 0 and self.options.first_round == "official":
+            return 1
         return copy.k // 2
 
     def wanted(self, copy):

@@ -7,7 +7,10 @@ epoch. What the replicas do together happens after a step, on the weights (``aft
 * ``papa`` (Population Parameter Averaging, Jolicoeur-Martineau et al.): every ``every`` steps
   each model moves towards the population's average, θ_i ← (1 − λ)·θ_i + λ·mean(θ), with
   λ = ``rate`` · lr / lr₀ (the learning rate relative to its base), over the parameters and the
-  batch-norm running statistics — one all-reduce of the whole stage;
+  batch-norm running statistics — one all-reduce of the whole stage. ``phase`` says which steps:
+  ``petra`` after steps every, 2·every, … counted over the whole run; ``official`` as the authors'
+  code, after the step whose index i, counted from 0 in each epoch, has i % every == 0 (steps 1,
+  every + 1, … of each epoch, 1-based);
 * ``wash`` (Fournier et al., arXiv 2405.17517): after every step each scalar of parameter tensor k
   (of the network's K, in network order) is selected with probability p_k = p · (1 − k/(K − 1)),
   early layers most, and each selected scalar is moved between the models by its own uniform
@@ -20,8 +23,10 @@ selects the same entries.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -83,11 +88,20 @@ class Independent(Population):
     name = "independent"
 
 
+def step_in_epoch(step: int, k: int, batches_per_epoch: float) -> int:
+    """The index, counted from 0 in its epoch, of optimizer step ``step`` (0-based over the run): a
+    step belongs to the epoch of its first minibatch (``step · k``), and an epoch's first step is
+    the first whose first minibatch lies in it (where k divides the epoch: ``step mod B/k``)."""
+    epoch = math.floor(step * k / batches_per_epoch)
+    return step - math.ceil(epoch * batches_per_epoch / k)
+
+
 @dataclass(frozen=True)
 class PAPAOptions(PopulationOptions):
     rate: float = 0.01  # λ at the base learning rate
     every: int = 10  # steps between averagings
     scale_with_lr: bool = True  # λ = rate · lr / lr₀
+    phase: Literal["petra", "official"] = "petra"  # which steps average (module docstring)
 
     def check(self) -> None:
         if not 0.0 <= self.rate <= 1.0:
@@ -107,8 +121,15 @@ class PAPA(Population):
         base = group.get("initial_lr", group["lr"])
         return self.options.rate * (group["lr"] / base if self.options.scale_with_lr and base else 1.0)
 
+    def averages_after(self, copy) -> bool:
+        """Does the population average after the step ``copy`` has just taken (number steps − 1)?"""
+        step, every = copy.steps - 1, self.options.every
+        if self.options.phase == "petra":
+            return (step + 1) % every == 0
+        return step_in_epoch(step, copy.k, copy.batches_per_epoch) % every == 0
+
     def after_step(self, copies: Sequence, group) -> None:
-        if group.size == 1 or copies[0].steps % self.options.every:
+        if group.size == 1 or not self.averages_after(copies[0]):
             return
         with torch.no_grad():
             states = [[*c.params, *stage_buffers(c)] for c in copies]

@@ -47,6 +47,7 @@ class StageCopy(Protocol):
     optimizer: torch.optim.Optimizer
     steps: int  # optimizer steps taken so far: the step being prepared is number ``steps``
     k: int  # backward passes per step; ``pending`` of them are done
+    batches_per_epoch: float | None  # each replica's minibatches per epoch (None: not told)
     tensor_offset: int  # the stage's first parameter tensor among the model's (network order), of
     tensors_total: int  # the model's
 

@@ -139,11 +139,27 @@ class RunConfig:
     base_lr: float = _key(0.1, "base learning rate, before Goyal scaling")
     scale_lr: bool = _key(True, "lr = base_lr * batch_size * k / 256 (Goyal et al.)")
     optimizer: str = _key(
-        "sgd", "sgd (Nesterov momentum) or adamw (betas 0.9, 0.999; ACCO's optimizer)", _names("OPTIMIZERS")
+        "sgd", "sgd (Nesterov momentum) or adamw (ACCO's optimizer: adam_betas, adam_eps)", _names("OPTIMIZERS")
     )
     momentum: float = _key(0.9, "Nesterov momentum (sgd)")
-    weight_decay: float = _key(5e-4, "weight decay (never on batch-norm parameters or biases)")
-    warmup_epochs: float = _key(0.0, "linear warm-up length in epochs (advanced every optimizer step)")
+    adam_betas: list = _key(
+        [0.9, 0.999], "adamw: (beta1, beta2), each in [0, 1) (ACCO's official configuration: [0.9, 0.95])"
+    )
+    adam_eps: float = _key(1e-8, "adamw: epsilon")
+    weight_decay: float = _key(5e-4, "weight decay (on batch-norm parameters and biases only with decay_1d)")
+    decay_1d: bool = _key(
+        False,
+        "also decay parameters of one dimension or fewer (biases, batch norm), as the official CDP, PAPA "
+        "and ACCO codes do (docs/conventions.md)",
+    )
+    warmup_epochs: float = _key(0.0, "linear warm-up length in epochs (its clock: warmup_clock)")
+    warmup_clock: str = _key(
+        "step",
+        "what the warm-up counts: step (each stage's optimizer steps, lr*(s+1)/W) or call (the authors' "
+        "simulator: one ramp for all stages over the minibatches entering the pipeline, lr*(c+1)/W; "
+        "docs/conventions.md)",
+        ("step", "call"),
+    )
     milestones: list = _key([], "epochs at which the learning rate is multiplied by gamma", example="[150, 225]")
     gamma: float = _key(0.1, "learning-rate decay factor at milestones")
     # evaluation
@@ -152,6 +168,12 @@ class RunConfig:
         50,
         "after training, also report top-1 with batch-norm statistics re-estimated on this many fixed "
         "training batches (a diagnostic; 0 = off)",
+    )
+    evaluated_model: str = _key(
+        "replica0",
+        "replicas > 1: the model whose top-1 is the run's: replica0, average (the replicas' weight average, "
+        "as the official CDP code evaluates) or both (replica 0's, and the average's as average_*)",
+        ("replica0", "average", "both"),
     )
     # execution
     device: str = _key("cpu", "cpu or cuda (stages spread over the visible GPUs)", ("cpu", "cuda"))
@@ -270,6 +292,14 @@ class RunConfig:
         for name in _NON_NEGATIVE:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        if len(self.adam_betas) != 2 or any(
+            not isinstance(b, (int, float)) or isinstance(b, bool) or not 0 <= b < 1 for b in self.adam_betas
+        ):
+            raise ConfigError(
+                f"adam_betas={self.adam_betas!r} must be two numbers in [0, 1), e.g. adam_betas=[0.9, 0.95]"
+            )
+        if self.adam_eps <= 0:
+            raise ConfigError(f"adam_eps={self.adam_eps!r} must be > 0")
         if any(not isinstance(m, (int, float)) or isinstance(m, bool) or m <= 0 for m in self.milestones):
             raise ConfigError(
                 f"milestones={self.milestones!r} must be a list of positive epoch numbers, e.g. milestones=[150, 225]"
@@ -304,6 +334,11 @@ class RunConfig:
                 )
             if self.rule_stages < 1:
                 raise ConfigError(f"rule_stages={self.rule_stages!r} must be >= 1")
+        if self.evaluated_model != "replica0" and self.replicas < 2:
+            raise ConfigError(
+                f"evaluated_model={self.evaluated_model!r} needs replicas >= 2 (one model is its own "
+                f"average); use evaluated_model=replica0"
+            )
         if declared.needs_replicas and self.replicas < 2:
             raise ConfigError(
                 f"replica_rule={self.replica_rule!r} is meaningless with replicas={self.replicas} (it is what "

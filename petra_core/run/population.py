@@ -8,6 +8,11 @@ What is reported (``metrics.json``, key ``population``):
   evaluated as it is (the averaged running statistics are *not* the statistics of the averaged
   model) and with its batch-norm statistics re-estimated on the run's ``bn_reestimate_batches``
   fixed training batches (:func:`~petra_core.run.evaluation.reestimate_batch_norm`);
+The model whose test record is the run's (``evaluated_model``, :func:`evaluated_record`): replica
+0 (petra's default), the replicas' weight average (what the official CDP code evaluates after
+training: the mean of every parameter and batch-norm statistic, as above, evaluated as it is), or
+both (replica 0's as ``top1``, ``top5``, ``test_loss`` and the average's as ``average_top1``, ...).
+
 The floats each replica put into collectives per optimizer step, counted by the replica groups
 of the world (gradient all-reduces for ``dp``/``cdp``, PAPA's averages, WASH's gathers), are
 ``metrics.json``'s ``floats_sent_per_step`` for every run.
@@ -60,6 +65,24 @@ def members_and_ensemble(models, stream) -> tuple[list[float], float]:
     for m in models:
         m.train()
     return [100 * c / n for c in correct], 100 * ensemble / n
+
+
+EVALUATED_MODELS = ("replica0", "average", "both")
+
+
+def evaluated_record(choice: str, models, test_stream, replica0: dict) -> dict:
+    """The metrics ``evaluated_model=choice`` adds to or changes in a run's summary, whose final
+    test record (replica 0's) is ``replica0``: nothing for ``replica0``; the weight average's test
+    record as ``average_*`` for ``both``; for ``average`` the average's as the run's own keys, and
+    replica 0's kept as ``replica0_*``."""
+    if choice not in EVALUATED_MODELS:
+        raise ValueError(f"evaluated_model={choice!r} is not allowed; allowed: {', '.join(EVALUATED_MODELS)}")
+    if choice == "replica0":
+        return {}
+    average = evaluate(average_model(models), test_stream)
+    if choice == "both":
+        return {f"average_{key}": value for key, value in average.items()}
+    return {**{f"replica0_{key}": replica0.get(key) for key in average}, **average}
 
 
 def evaluate_population(models, test_stream, train_stream, bn_batches: int) -> dict:

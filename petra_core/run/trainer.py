@@ -40,7 +40,7 @@ from . import runio
 from .checkpoints import Checkpoints
 from .config import ConfigError, RunConfig, check_same_run
 from .evaluation import evaluate, reestimate_batch_norm
-from .population import evaluate_population
+from .population import evaluate_population, evaluated_record
 from .session import Session, SessionPlan
 
 LOG_EVERY = 25  # ticks between reads of the head's loss log (each read waits for the device)
@@ -62,10 +62,14 @@ def recipe_of(cfg: RunConfig) -> Recipe:
         nesterov=True,
         weight_decay=cfg.weight_decay,
         warmup_epochs=cfg.warmup_epochs,
+        warmup_clock=cfg.warmup_clock,
         milestones=tuple(cfg.milestones),
         gamma=cfg.gamma,
         scale_lr=cfg.scale_lr,
         optimizer=cfg.optimizer,
+        betas=tuple(cfg.adam_betas),
+        eps=cfg.adam_eps,
+        decay_1d=cfg.decay_1d,
     )
 
 
@@ -350,6 +354,9 @@ class Trainer:
         floats = rt.floats_sent_per_replica()
         # replicas whose weights a rule keeps identical (the sharded rules' all-gather) form no population
         population = rt.population_for_eval() if cfg.replicas > 1 and not pipe.rule.same_weights else None
+        members = population  # the models whose weight average evaluated_model may evaluate
+        if population is None and cfg.evaluated_model != "replica0":  # equal weights: replica 0 is the average
+            members = [model if cfg.bn_reestimate_batches else rt.model_for_eval()]
 
         def write():
             metrics = final_metrics(self.history, steps, [p for part in peaks for p in part])
@@ -370,6 +377,7 @@ class Trainer:
                     bn_reestimate_time_s=time.perf_counter() - start,
                 )
             metrics["floats_sent_per_step"] = floats / steps if steps else None  # per replica, counted by the world
+            metrics.update(evaluated_record(cfg.evaluated_model, members, rt.data.test, metrics))
             if population is not None:
                 start = time.perf_counter()
                 metrics["population"] = evaluate_population(
