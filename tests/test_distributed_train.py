@@ -94,6 +94,22 @@ def test_two_ranks_under_torchrun_match_the_simulator(tmp_path, simulated):
 
 
 @pytest.mark.slow
+def test_the_authors_warmup_clock_on_ranks_matches_the_simulator(tmp_path):
+    """warmup_clock=call ramps every stage by the calls of the ticks its steps fall in (optim.py):
+    the same on two gloo ranks as in one process, and not the per-step clock's run."""
+    clock = ["warmup_epochs=2", "warmup_clock=call"]
+    simulated, ranks, per_step = tmp_path / "sim", tmp_path / "ranks", tmp_path / "step"
+    assert main(["train", *TINY, *clock, "--run-dir", str(simulated)]) == 0
+    assert main(["train", *TINY, "warmup_epochs=2", "--run-dir", str(per_step)]) == 0
+    procs = launch_local(
+        ["train", *DIST, *clock, "--run-dir", str(ranks)], 2, timeout=120, capture=True, module="petra_core.cli"
+    )
+    assert [p.returncode for p in procs] == [0, 0], [p.err[-2000:] for p in procs]
+    assert_same_run(ranks, simulated)
+    assert outcome(simulated)[0] != outcome(per_step)[0]  # the clock changes the run
+
+
+@pytest.mark.slow
 def test_interrupted_run_resumes_bit_for_bit(tmp_path, simulated, capsys, monkeypatch):
     run = tmp_path / "run"
     signals = "1:16:SIGTERM,0:28:SIGINT"
