@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from torch import Tensor
 
@@ -104,8 +105,10 @@ class PipelineSpec:
         self.rule.check_mesh(stages=len(self.model), replicas=self.replicas)
         self.rule.check(schedule=self.method.schedule, k=self.k)
 
-    @property
+    @cached_property
     def schedule(self) -> Schedule:
+        """Made once: the runner, the transport and every worker's build read this one table (a
+        flushed schedule caches its groups' tables on itself)."""
         return schedule_for(self.method, len(self.model), self.num_batches, self.k)
 
     @property
