@@ -20,6 +20,7 @@ import yaml
 
 from petra_core.run.config import WATCH_KEYS
 from petra_core.workflow import grid
+from petra_core.workflow.generated import write_or_check
 
 CONFIG = Path("workflow/config/config.yaml")
 OUT = Path("params.yaml")
@@ -50,19 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.check and profile is None and OUT.exists():
         profile = yaml.safe_load(OUT.read_text())["profile"]
     profile = profile or yaml.safe_load(CONFIG.read_text())["profile"]
-    text = render(profile)
-    if args.check:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(
-                f"{OUT} is stale for profile {profile!r}: "
-                f"run python workflow/scripts/dvc_params.py --profile {profile}",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(f"{OUT}: profile {profile}")
-    return 0
+    return write_or_check(
+        OUT,
+        render(profile),
+        check=args.check,
+        stale=f"{OUT} is stale for profile {profile!r}: run python workflow/scripts/dvc_params.py --profile {profile}",
+        wrote=f"{OUT}: profile {profile}",
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from petra_core.workflow import dvc_stages, studies
+from petra_core.workflow.generated import write_or_check
 
 OUT = Path("dvc.yaml")
 
@@ -24,19 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(OUT), help="the file to write or check (default %(default)s)")
     ap.add_argument("--check", action="store_true", help="compare with the file instead of writing it")
     args = ap.parse_args(argv)
-    out = Path(args.out)
-    text = dvc_stages.render(studies.load_all(args.studies), args.studies)
-    if args.check:
-        if not out.exists() or out.read_text() != text:
-            print(
-                f"{out} is stale for the studies of {args.studies}: run python workflow/scripts/dvc_yaml.py",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    out.write_text(text)
-    print(f"{out}: {len(studies.load_all(args.studies))} studies of {args.studies}")
-    return 0
+    out, declared = Path(args.out), studies.load_all(args.studies)
+    return write_or_check(
+        out,
+        dvc_stages.render(declared, args.studies),
+        check=args.check,
+        stale=f"{out} is stale for the studies of {args.studies}: run python workflow/scripts/dvc_yaml.py",
+        wrote=f"{out}: {len(declared)} studies of {args.studies}",
+    )
 
 
 if __name__ == "__main__":
