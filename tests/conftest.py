@@ -110,3 +110,16 @@ def named_failed(err: str) -> set[int]:
     7-9) failed`` or ``rank 2 failed`` (a rank that stopped because of it is not one of them)."""
     found = re.findall(r"\(rank (\d+)\) failed|\brank (\d+)(?: \([^)]*\))? failed", err)
     return {int(a or b) for a, b in found}
+
+
+SMALL = ("--width", "4", "--image-size", "16")  # the rank program's smallest model and images
+
+
+def rank_argv(steps: int, *extra: str) -> list[str]:
+    """The rank program's arguments (tests/harness/ranks.py) for a tiny RevNet18 run of ``steps``
+    minibatches of 4, one thread, then ``extra``."""
+    return [
+        *("--arch", "revnet18", "--num-classes", "5", "--batch", "4", "--steps", str(steps)),
+        *("--threads", "1", "--lr", "0.05", "--timeout", "60"),
+        *extra,
+    ]

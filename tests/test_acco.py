@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import BeforeStep, argv, make_batches, make_model, tiny_run, untimed, whole_and_resumed
+from conftest import SMALL, BeforeStep, argv, make_batches, make_model, rank_argv, tiny_run, untimed, whole_and_resumed
 
 from petra_core import Recipe, Simulator
 from petra_core.optim import make_optimizer, param_groups
@@ -347,32 +347,7 @@ def test_bad_acco_setups_are_one_line():
 
 
 # ---- on ranks, and resumed ------------------------------------------------------------------------------
-COMMON = [
-    "--arch",
-    "revnet18",
-    "--num-classes",
-    "5",
-    "--batch",
-    "4",
-    "--steps",
-    "8",
-    "--threads",
-    "1",
-    "--lr",
-    "0.05",
-    "--timeout",
-    "60",
-    "--width",
-    "4",
-    "--image-size",
-    "16",
-    "--replicas",
-    "2",
-    "--k",
-    "4",
-    "--method",
-    "backprop",
-]
+COMMON = rank_argv(8, *SMALL, "--replicas", "2", "--k", "4", "--method", "backprop")
 
 
 @pytest.mark.slow

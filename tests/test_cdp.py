@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import BeforeStep, argv, make_batches, make_model, tiny_run, untimed, whole_and_resumed
+from conftest import SMALL, BeforeStep, argv, make_batches, make_model, rank_argv, tiny_run, untimed, whole_and_resumed
 from harness.compare import assert_bit_for_bit, check_outcome, simulator_state
 from harness.ranks import RANKS
 
@@ -162,30 +162,7 @@ def test_stage_groups_are_checked_with_one_line():
         get_rule("dp", stages=4)
 
 
-COMMON = [
-    "--arch",
-    "revnet18",
-    "--num-classes",
-    "5",
-    "--batch",
-    "4",
-    "--steps",
-    "8",
-    "--threads",
-    "1",
-    "--lr",
-    "0.05",
-    "--timeout",
-    "60",
-    "--width",
-    "4",
-    "--image-size",
-    "16",
-    "--replicas",
-    "2",
-    "--rule",
-    "cdp2",
-]
+COMMON = rank_argv(8, *SMALL, "--replicas", "2", "--rule", "cdp2")
 
 
 @pytest.mark.slow

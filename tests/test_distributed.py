@@ -22,7 +22,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import free_port, named_failed
+from conftest import free_port, named_failed, rank_argv
 from harness.compare import assert_bit_for_bit, check_outcome, simulator_state
 from harness.ranks import RANKS
 
@@ -141,22 +141,7 @@ def test_a_message_of_pairs_travels_as_its_tensors_and_comes_back_as_pairs():
 
 # ---- bit-for-bit against the simulator -------------------------------------------------------------
 
-COMMON = [
-    "--arch",
-    "revnet18",
-    "--num-classes",
-    "5",
-    "--batch",
-    "4",
-    "--steps",
-    "10",
-    "--threads",
-    "1",
-    "--lr",
-    "0.05",
-    "--timeout",
-    "60",
-]
+COMMON = rank_argv(10)
 
 
 @pytest.mark.slow

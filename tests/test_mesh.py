@@ -19,35 +19,14 @@ import sys
 
 import pytest
 import torch
-from conftest import free_port
+from conftest import SMALL, free_port, rank_argv
 from harness.compare import assert_bit_for_bit, check_outcome, simulator_state
 from harness.ranks import RANKS
 
 from petra_core.engine.launch import launch_local
 from petra_core.engine.worlds import Mesh
 
-COMMON = [
-    "--arch",
-    "revnet18",
-    "--num-classes",
-    "5",
-    "--batch",
-    "4",
-    "--steps",
-    "8",
-    "--threads",
-    "1",
-    "--lr",
-    "0.05",
-    "--timeout",
-    "60",
-    "--width",
-    "4",
-    "--image-size",
-    "16",
-    "--replicas",
-    "2",
-]
+COMMON = rank_argv(8, *SMALL, "--replicas", "2")
 
 
 def test_mesh_coordinates_are_row_major():

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import make_batches, make_model
+from conftest import SMALL, make_batches, make_model, rank_argv
 
 from petra_core import Recipe, Simulator
 from petra_core.engine.worlds import LocalReplicaGroup
@@ -230,28 +230,7 @@ def test_bad_population_options_are_one_line():
         assert needle in str(err.value) and "\n" not in str(err.value)
 
 
-COMMON = [
-    "--arch",
-    "revnet18",
-    "--num-classes",
-    "5",
-    "--batch",
-    "4",
-    "--steps",
-    "8",
-    "--threads",
-    "1",
-    "--lr",
-    "0.05",
-    "--timeout",
-    "60",
-    "--width",
-    "4",
-    "--image-size",
-    "16",
-    "--replicas",
-    "2",
-]
+COMMON = rank_argv(8, *SMALL, "--replicas", "2")
 
 
 @pytest.mark.slow
