@@ -1090,40 +1090,14 @@ def test_reproducing_mds_expected_values_are_rendered_and_checked(tmp_path):
     assert stale(*args, doc=typed) == [str(typed)]
     from petra_core.cli import main as cli_main
 
-    assert (
-        cli_main(
-            [
-                "readme",
-                "--check",
-                "--readme",
-                str(args[0]),
-                "--results",
-                str(args[1]),
-                "--studies",
-                str(args[2]),
-                "--doc",
-                str(typed),
-            ]
+    def check(doc_file):
+        return cli_main(
+            ["readme", "--check", "--readme", str(args[0]), "--results", str(args[1]), "--studies", str(args[2])]
+            + ["--doc", str(doc_file)]
         )
-        == 1
-    )
-    assert (
-        cli_main(
-            [
-                "readme",
-                "--check",
-                "--readme",
-                str(args[0]),
-                "--results",
-                str(args[1]),
-                "--studies",
-                str(args[2]),
-                "--doc",
-                str(doc),
-            ]
-        )
-        == 0
-    )
+
+    assert check(typed) == 1
+    assert check(doc) == 0
 
 
 def test_a_gap_shows_its_spread_only_where_both_sides_have_several_runs():
