@@ -153,7 +153,7 @@ def register(sub) -> None:
 
     p = sub.add_parser(
         "readme",
-        help="render README.md's generated blocks (results, benchmarks) from the committed records",
+        help="render README.md's and docs/reproducing.md's generated blocks from the committed records",
         description="Replace the block between README.md's results markers by a render of "
         "results/costs and of each study's results (the studies of --studies with a readme part), "
         "and the block between its benchmarks markers by a render "
