@@ -13,6 +13,7 @@ import torch
 
 from ..models import StagedModel
 from ..optim import make_optimizer
+from .phases import check_phases, static_storage
 from .spec import GetBatch, PipelineSpec
 from .worker import StageWorker
 
@@ -157,6 +158,8 @@ def build_workers(spec: PipelineSpec, model: StagedModel, replica: int) -> list[
     method, J, stages = spec.method, len(spec.model), spec.world.placement.stages
     batches_per_epoch = spec.batches_per_epoch or max(spec.num_batches, 1)
     storages = {j: method.storage_for(model[j], last=j == J - 1) for j in stages}
+    if spec.phases != "eager":
+        storages = {j: static_storage(policy, last=j == J - 1) for j, policy in storages.items()}
     joins = joined_stages(spec, model, storages)
     # each stage's first parameter tensor in network order, and their number (rules such as wash
     # treat tensors by depth)
@@ -189,4 +192,8 @@ def build_workers(spec: PipelineSpec, model: StagedModel, replica: int) -> list[
                 batches_per_epoch=batches_per_epoch,
             )
         )
+    if spec.phases != "eager":
+        for worker in workers:
+            check_phases(spec.phases, method, replicas=spec.replicas, device=worker.device)
+            worker.run_static(graphs=spec.phases == "graphs")
     return workers

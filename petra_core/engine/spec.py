@@ -23,6 +23,7 @@ from ..optim import Recipe
 from ..precision import check_precision
 from ..replicas import ReplicaRule, get_rule
 from .observers import Observer
+from .phases import check_phases
 from .placement import PlacementSpec
 from .worlds import World
 
@@ -76,6 +77,8 @@ class PipelineSpec:
     # where the stages go
     placement: PlacementSpec = "even"
     measure: Measure | None = None
+    # how each stage's phases execute (engine/phases.py): eager, static (fixed buffers) or graphs (CUDA)
+    phases: str = "eager"
     # what watches the run
     observers: Sequence[Observer] = field(default_factory=tuple)
     sync_timing: bool = False
@@ -90,6 +93,7 @@ class PipelineSpec:
         _count("batch_size", self.batch_size, 1)
         _count("offset (ticks between replicas' starts)", self.offset, 0)
         check_precision(self.precision)
+        check_phases(self.phases, self.method, replicas=self.replicas)
         if self.batches_per_epoch is not None and not self.batches_per_epoch > 0:
             raise ValueError(f"batches_per_epoch must be > 0 (or None: num_batches), got {self.batches_per_epoch!r}")
         if self.offset and self.world.placement.world_size > 1:

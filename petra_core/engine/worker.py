@@ -116,6 +116,13 @@ class StageWorker:
         self.device = self.params[0].device
         # place among the model's parameter tensors, in network order (rules such as wash treat them by depth)
         self.tensor_offset, self.tensors_total = tensor_offset, tensors_total
+        self.phases = None  # StaticPhases when the phases run on fixed buffers (engine/phases.py), else eager
+
+    def run_static(self, *, graphs: bool) -> None:
+        """Run this stage's phases on fixed buffers (``graphs``: captured as CUDA graphs), from now on."""
+        from .phases import StaticPhases
+
+        self.phases = StaticPhases(self, graphs=graphs)
 
     # ---- the two halves of a tick -------------------------------------------------------------
     def _here(self, a: Activation) -> Activation:
@@ -125,8 +132,11 @@ class StageWorker:
     def forward(self, msg: ForwardMsg, attached: bool = False) -> ForwardMsg | None:
         """``attached``: hand the output on with its graph (the next stage joins it, :attr:`joins_next`)."""
         x = self._here(msg.activation)
-        with compute(self.precision, self.device):
-            y = self.storage.forward(self.stage, msg.mb, x, input_grad=self.input_grad, version=self.steps)
+        if self.phases is not None:
+            y = self.phases.forward(msg.mb, x)
+        else:
+            with compute(self.precision, self.device):
+                y = self.storage.forward(self.stage, msg.mb, x, input_grad=self.input_grad, version=self.steps)
         self._track_kept()
         if self.is_last or self.storage.needs_labels:
             self.labels[msg.mb] = self._here(msg.labels)
@@ -138,6 +148,8 @@ class StageWorker:
     def rebuild(self, mb: int, msg: BackwardMsg | None) -> LocalGraph:
         """The local graph of minibatch ``mb`` (``msg``: what the next stage sent back, if anything)."""
         received = self._here(msg.activation) if msg is not None and msg.activation is not None else None
+        if self.phases is not None:  # rebuilt with the backward, in one call (StaticPhases.backward)
+            return _Deferred(received)
         with compute(self.precision, self.device):
             return self.storage.local_graph(self.stage, mb, received, input_grad=self.input_grad)
 
@@ -145,17 +157,15 @@ class StageWorker:
         """Backpropagate ``graph`` (from :meth:`rebuild`) into the weights' gradients; the message
         for the previous stage, if one goes back."""
         labels = self.labels.pop(mb, None)
+        if self.phases is not None:
+            return self._static_backward(mb, msg, graph, labels)
         if self.is_last:
             output = graph.output
             loss = self.objective.loss(output, labels)
             (loss / self.k).backward()
             self.head_log.add(mb, loss.detach(), self.objective.minibatch_sums(output.detach(), labels), len(labels))
         else:
-            if self.gradient_in and (msg is None or msg.mb != mb):
-                raise RuntimeError(
-                    f"stage {self.index}: expected the gradient of minibatch {mb}, got "
-                    f"{None if msg is None else msg.mb}"
-                )
+            self._check_gradient_of(mb, msg)
             if not self.gradient_in:
                 self.storage.backward(self.stage, graph, None, labels, self.k, self.params)
             elif msg.grad is not None:  # None: the next stage's graph joined this one, whose backward has run
@@ -166,6 +176,21 @@ class StageWorker:
             out = BackwardMsg(mb, graph.input_grad(), graph.input_value() if self.send_input_back else None)
         self.pending += 1
         return out
+
+    def _static_backward(self, mb: int, msg: BackwardMsg | None, graph: _Deferred, labels) -> BackwardMsg | None:
+        self._check_gradient_of(mb, msg)
+        grad = self._here(msg.grad) if self.gradient_in else None
+        input_grad, input_value, loss, sums = self.phases.backward(mb, graph.received, grad, labels)
+        if self.is_last:
+            self.head_log.add(mb, loss, sums, len(labels))
+        self.pending += 1
+        return BackwardMsg(mb, input_grad, input_value) if self.input_grad else None
+
+    def _check_gradient_of(self, mb: int, msg: BackwardMsg | None) -> None:
+        if self.gradient_in and (msg is None or msg.mb != mb):
+            raise RuntimeError(
+                f"stage {self.index}: expected the gradient of minibatch {mb}, got {None if msg is None else msg.mb}"
+            )
 
     @property
     def step_due(self) -> bool:
@@ -187,14 +212,20 @@ class StageWorker:
         if self.pending == 0:
             return
         if apply:
-            self.optimizer.step()
+            if self.phases is not None:
+                self.phases.step()
+            else:
+                self.optimizer.step()
             self.scheduler.step()
         else:
             with warnings.catch_warnings():  # torch warns of a schedule stepped before its optimizer
                 warnings.simplefilter("ignore", UserWarning)
                 self.scheduler.step()
-        for p in self.params:  # the optimizer's zero_grad(set_to_none=True), without its wrapper (0.02 ms a stage)
-            p.grad = None
+            if self.phases is not None:
+                self.phases.zero_grads()
+        if self.phases is None:
+            for p in self.params:  # the optimizer's zero_grad(set_to_none=True), without its wrapper (0.02 ms a stage)
+                p.grad = None
         self.steps += 1
         self.pending = 0
 
@@ -231,6 +262,14 @@ class StageWorker:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.storage.load_state_dict(self.stage, to_device(state["storage"], device))
+        if self.phases is not None:  # the loaded gradients and optimizer state are the buffers now
+            self.phases.prepare()
+
+
+class _Deferred(NamedTuple):
+    """A static stage's rebuild, left to its backward (what the next stage sent back, if anything)."""
+
+    received: Activation | None
 
 
 def to_device(obj, device: torch.device):

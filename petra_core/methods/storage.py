@@ -48,11 +48,32 @@ class StoragePolicy:
     # may its graph go on into the previous stage's? Only a graph of the live weights, whose backward
     # needs nothing but the output's gradient (engine/assembly.py: joined_stages)
     joins = False
+    # can its compute run on fixed buffers, apart from its bookkeeping (engine/phases.py: what a CUDA
+    # graph replays)? Such a policy splits its forward into forward_record + forward_compute and its
+    # local graph into backward_start + graph_from
+    static = False
 
     def forward(self, stage: Stage, mb: int, x: Tensor, *, input_grad: bool, version: int) -> Tensor:
         raise NotImplementedError
 
     def local_graph(self, stage: Stage, mb: int, output: Tensor | None, *, input_grad: bool) -> LocalGraph:
+        raise NotImplementedError
+
+    # ---- the split of a static policy (``static``): bookkeeping apart from compute ----------------
+    def forward_record(self, mb: int, x: Activation) -> None:
+        """What the forward of ``mb`` keeps (no compute)."""
+        raise NotImplementedError
+
+    def forward_compute(self, stage: Stage, x: Activation) -> Activation | None:
+        """The forward's compute alone (None: its output goes nowhere)."""
+        raise NotImplementedError
+
+    def backward_start(self, mb: int, output: Activation | None) -> Activation:
+        """What the rebuild of ``mb`` starts from (``output``: what the next stage sent back); forgets ``mb``."""
+        raise NotImplementedError
+
+    def graph_from(self, stage: Stage, start: Activation, *, input_grad: bool) -> LocalGraph:
+        """The rebuild's compute alone: the local graph from :meth:`backward_start`'s activation."""
         raise NotImplementedError
 
     def backward(
@@ -248,21 +269,34 @@ class KeepInput(StoragePolicy):
     name = "input"
     keeps = ("input",)
     recomputes = True
+    static = True
 
     def __init__(self):
         self.inputs: dict[int, Activation] = {}
         self.input_bytes = 0  # of self.inputs, kept up to date (read after every forward)
 
     def forward(self, stage, mb, x, *, input_grad, version):
+        self.forward_record(mb, x)
+        return self.forward_compute(stage, x)
+
+    def local_graph(self, stage, mb, output, *, input_grad):
+        return self.graph_from(stage, self.backward_start(mb, output), input_grad=input_grad)
+
+    def forward_record(self, mb, x):
         self.inputs[mb] = streams.apply(Tensor.detach, x)
         self.input_bytes += streams.nbytes(x)
+
+    def forward_compute(self, stage, x):
         with torch.no_grad(), frozen_running_stats(stage):
             return stage(x)
 
-    def local_graph(self, stage, mb, output, *, input_grad):
+    def backward_start(self, mb, output):
         x = self.inputs.pop(mb)
         self.input_bytes -= streams.nbytes(x)
-        return stage.rebuild(x, input_grad=input_grad)
+        return x
+
+    def graph_from(self, stage, start, *, input_grad):
+        return stage.rebuild(start, input_grad=input_grad)
 
     def kept_bytes(self):
         return {"input": self.input_bytes}
@@ -285,18 +319,31 @@ class Reconstruct(StoragePolicy):
     name = "reconstruct"
     needs_output_back = True
     recomputes = True
+    static = True
     _pending: set[int] = field(default_factory=set)
 
     def forward(self, stage, mb, x, *, input_grad, version):
+        self.forward_record(mb, x)
+        return self.forward_compute(stage, x)
+
+    def local_graph(self, stage, mb, output, *, input_grad):
+        return self.graph_from(stage, self.backward_start(mb, output), input_grad=input_grad)
+
+    def forward_record(self, mb, x):
         self._pending.add(mb)
+
+    def forward_compute(self, stage, x):
         with torch.no_grad(), frozen_running_stats(stage):
             return stage(x)
 
-    def local_graph(self, stage, mb, output, *, input_grad):
+    def backward_start(self, mb, output):
         if output is None:
             raise RuntimeError(f"stage reconstructing minibatch {mb} received no output to invert")
         self._pending.discard(mb)
-        return stage.reconstruct(output, input_grad=input_grad)
+        return output
+
+    def graph_from(self, stage, start, *, input_grad):
+        return stage.reconstruct(start, input_grad=input_grad)
 
     def kept_bytes(self):
         return {}
@@ -309,3 +356,21 @@ class Reconstruct(StoragePolicy):
 
     def load_state_dict(self, stage, state):
         self._pending = set(state["pending"])
+
+
+class KeepInputForHead(KeepInput):
+    """The head's storage under static phases (``engine/phases.py``): keep the input at the forward
+    and build the graph at the backward, in the same tick (the head runs forward, loss and backward
+    in one tick under every method). The graph is the forward's own, batch-norm statistics updated
+    as :class:`KeepGraph`'s forward updates them: the same bits, with the whole head in one call a
+    CUDA graph can replay. What it reports kept is its input, not a graph."""
+
+    name = "input (head)"
+    recomputes = False
+
+    def forward_compute(self, stage, x):
+        return None  # computed at the backward, in the same tick
+
+    def graph_from(self, stage, start, *, input_grad):
+        leaf = streams.leaves(start, input_grad)
+        return LocalGraph(leaf, stage(leaf))

@@ -196,6 +196,14 @@ class RunConfig:
         "stages send stay float32)",
         _names("PRECISIONS"),
     )
+    phases: str = _key(
+        "eager",
+        "how each stage's phases execute: eager, static (on fixed buffers, the shape a CUDA graph "
+        "replays; the same bits) or graphs (static, captured as CUDA graphs and replayed: little host "
+        "work per tick; cuda only); static and graphs run petra, dsp and revbackprop with one replica "
+        "(docs/gpu.md)",
+        ("eager", "static", "graphs"),
+    )
     deterministic: bool = _key(
         True,
         "deterministic algorithms and cuDNN without benchmarking (bit-exact repeatability "

@@ -48,6 +48,7 @@ class SessionPlan:
     device: torch.device
     threads: int | None
     precision: str
+    phases: str  # engine/phases.py: eager, static or graphs
     deterministic: bool
     dist_timeout: float
     replicas: int
@@ -177,6 +178,7 @@ class Session:
             method=plan.method,
             recipe=plan.recipe,
             precision=plan.precision,
+            phases=plan.phases,
             num_batches=plan.epochs * self.batches_per_epoch,
             k=plan.k,
             rule=plan.rule,

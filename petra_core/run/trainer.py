@@ -34,6 +34,8 @@ from tqdm import tqdm
 
 from ..data import DataError
 from ..engine.host_memory import retain_freed_memory
+from ..engine.phases import check_phases
+from ..methods import get_method
 from ..optim import Recipe
 from ..replicas import get_rule
 from . import runio
@@ -92,6 +94,10 @@ def session_plan(cfg: RunConfig) -> SessionPlan:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda' but no CUDA device is visible; allowed here: cpu")
     recipe = recipe_of(cfg)
+    try:
+        check_phases(cfg.phases, get_method(cfg.method), replicas=cfg.replicas, device=torch.device(cfg.device))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     rule = get_rule(cfg.replica_rule, stages=cfg.rule_stages, options=cfg.rule_options, seed=cfg.seed)
     data = data_arguments(cfg)
     return SessionPlan(
@@ -99,6 +105,7 @@ def session_plan(cfg: RunConfig) -> SessionPlan:
         device=torch.device(cfg.device),
         threads=cfg.threads,
         precision=cfg.precision,
+        phases=cfg.phases,
         deterministic=cfg.deterministic,
         dist_timeout=cfg.dist_timeout,
         replicas=cfg.replicas,
