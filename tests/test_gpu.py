@@ -9,7 +9,10 @@ run where CUDA is visible (``pytest -m gpu``) and are skipped, with the reason, 
 * the zero-staleness oracle holds on CUDA for every method;
 * with 2 or more GPUs: stages are placed in contiguous blocks, and two GPUs run a tick faster
   than one (their work overlaps); the NCCL pipeline on 2 ranks equals the simulator;
-* no host synchronisation inside a tick (``torch.cuda.set_sync_debug_mode("error")``).
+* no host synchronisation inside a tick (``torch.cuda.set_sync_debug_mode("error")``);
+* replaying a plain RevNet18 step as one CUDA graph beats eager (``benchmarks/probes/gpu_limit.py``).
+
+The probes that made the committed H200 evidence (``benchmarks/probes/``) also run on the CPU (slow).
 """
 
 import copy
@@ -266,6 +269,52 @@ def test_the_gpu_benchmark_runs(tmp_path):
     assert "\\begin{tabular}{llllrrrr}" in tables.render(
         "table1_costs", "tex", {**context, "gpu": gpu.gpu_context(gpu.load(tmp_path))}
     )
+
+
+def _probe(tmp_path, script: str, *args: str) -> str:
+    """Run ``benchmarks/probes/SCRIPT`` as a reviewer would, from the project root; its stdout."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "probes" / script), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_the_gpu_probes_run_on_cpu(tmp_path):
+    """The probes that made results/gpu/nvidia-h200/ keep working on the engine as it is (CPU smoke runs)."""
+    _probe(tmp_path, "gpu_probe.py", "--device", "cpu", "--quick", "--out", "probe.json")
+    probe = json.loads((tmp_path / "probe.json").read_text())
+    assert probe["plain_vs_engine"] and not any("error" in r for r in probe["plain_vs_engine"]), probe
+    assert all(r["backprop_over_plain"] > 0 for r in probe["plain_vs_engine"])
+    _probe(tmp_path, "gpu_stage_profile.py", "--device", "cpu", "--quick", "--out", "stages.json")
+    rows = json.loads((tmp_path / "stages.json").read_text())["rows"]
+    assert {r["method"] for r in rows} == {"backprop", "petra", "dsp", "delayed"}
+    assert not any("error" in r for r in rows), rows
+    assert {r["method"]: r["ticks_per_minibatch"] for r in rows}["backprop"] == 2 * rows[0]["stages"] - 1
+    out = _probe(tmp_path, "gpu_hostprof.py", "cpu", "8")
+    assert "=== petra: host" in out and "=== backprop: host" in out
+
+
+@gpu_lane
+def test_the_graph_floor_probe_runs(tmp_path):
+    """gpu_limit.py (CUDA only): replaying a plain RevNet18 step as one CUDA graph beats eager."""
+    _probe(tmp_path, "gpu_limit.py", "--compile", "", "--out", "limit.json")
+    rows = json.loads((tmp_path / "limit.json").read_text())["rows"]
+    assert [r["batch"] for r in rows] == [64, 256]
+    for r in rows:
+        assert isinstance(r["eager_s"], float) and isinstance(r["graph_s"], float), r
+        assert r["graph_s"] < r["eager_s"], r
 
 
 # ---- machines with several GPUs: local slots, SLURM ----------------------------------------------

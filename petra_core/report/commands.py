@@ -157,8 +157,9 @@ def register(sub) -> None:
         description="Replace the block between README.md's results markers by a render of "
         "results/costs and of each study's results (the studies of --studies with a readme part), "
         "and the block between its benchmarks markers by a render "
-        "of results/benchmarks/*.json (benchmarks run with --record), and the expected values of "
-        "--doc (docs/reproducing.md) likewise; --check: exit 1 if a committed block of either differs.",
+        "of results/benchmarks/*.json (benchmarks run with --record), the block between its gpu markers by a "
+        "render of results/gpu/ (bench_gpu.py's files and each GPU's folder of evidence), and the expected "
+        "values of --doc (docs/reproducing.md) likewise; --check: exit 1 if a committed block of either differs.",
     )
     p.add_argument("--readme", default="README.md", help="the file holding the blocks (default %(default)s)")
     p.add_argument(

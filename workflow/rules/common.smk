@@ -51,8 +51,10 @@ STUDY_FILES = sorted(
     {str(p) for p in Path(STUDIES_DIR).glob("*.yaml")}
     | {str(p) for study in STUDIES if study.templates for p in Path(study.templates).glob("*.j2")}
 )
-# GPU measurements (benchmarks/bench_gpu.py), committed when a GPU was lent: Table 1 renders them
+# GPU measurements (benchmarks/bench_gpu.py's <GPU>.json), committed when a GPU was lent: Table 1 renders them,
+# and from each GPU's folder of evidence beside its file (<GPU>/) the records it reads too
 GPU_FILES = sorted(str(path) for path in Path(GPU_RESULTS).glob("*.json"))
+GPU_EVIDENCE = sorted(str(path) for path in Path(GPU_RESULTS).glob("*/*.json"))
 # Outputs of a run: small records committed to git (checkpoint.pt is DVC's). config.yaml and
 # history.json, also committed, are written by petra train but are not outputs, because Snakemake
 # deletes outputs before a rerun: petra compares config.yaml with the requested config before it
