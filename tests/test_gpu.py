@@ -499,12 +499,31 @@ def test_the_slurm_profile_asks_for_the_cpus_a_run_uses():
     assert "cpus_per_gpu" not in train  # SLURM refuses it beside --cpus-per-task
 
 
+FIRST_CONTACT_PARTS = [
+    "env",
+    "bench",
+    "cifar10_prepare",
+    "cifar10_backprop",
+    "cifar10_petra",
+    "bench_imagenet",
+    "precision",
+    "resume_interrupted",
+    "resume_finished",
+    "train_bf16",
+    "loader",
+    "cifar10_delayed",
+    "cifar10_dsp",
+]
+
+
 @pytest.mark.slow
 def test_the_first_contact_script_runs_every_part_on_cpu(tmp_path):
     """benchmarks/gpu_first_contact.sh in its CPU smoke mode: every part runs under its own timeout
-    and leaves its log and status; the interrupted run resumes to the end."""
+    and leaves its log and status; the interrupted run resumes to the end; everything it wrote is in
+    one archive, beside status.tsv and nothing else."""
     import os
     import subprocess
+    import tarfile
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "OUT": str(tmp_path), "DEVICE": "cpu", "QUICK": "1", "PYTHON": sys.executable}
@@ -513,25 +532,44 @@ def test_the_first_contact_script_runs_every_part_on_cpu(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=600,
     )
     assert out.returncode == 0, out.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first_contact.tar.gz", "status.tsv"]
     status = dict(line.split("\t")[:2] for line in (tmp_path / "status.tsv").read_text().splitlines()[1:])
+    tarball = any((root / d / "cifar10-jpeg.tar.gz").is_file() for d in ("../shared/data", "shared/data"))
+    cifar = "0" if tarball else "skipped"  # a clone without the data skips the real epochs, named
     assert status == {
+        **{name: cifar for name in FIRST_CONTACT_PARTS if name.startswith("cifar10")},
         "env": "0",
         "bench": "0",
+        "bench_imagenet": "0",
         "precision": "0",
         "resume_interrupted": "130",
         "resume_finished": "0",
         "train_bf16": "0",
         "loader": "0",
     }
-    assert "precision: bf16" in (tmp_path / "bf16" / "run" / "config.yaml").read_text()
-    settings = {r["settings"] for r in json.loads(next((tmp_path / "bench").glob("*.json")).read_text())["rows"]}
-    assert settings == {"training", "bf16"}
-    assert "resuming at tick 20" in (tmp_path / "resume_finished.log").read_text()
-    assert (tmp_path / "resume" / "run" / "metrics.json").exists() and list((tmp_path / "bench").glob("*.json"))
-    assert json.loads((tmp_path / "env.json").read_text())["torch"] == torch.__version__
+    assert list(status) == FIRST_CONTACT_PARTS
+    with tarfile.open(tmp_path / "first_contact.tar.gz") as archive:
+        archive.extractall(tmp_path / "x", filter="data")
+    got = tmp_path / "x" / "first_contact"
+    assert (got / "status.tsv").read_text() == (tmp_path / "status.tsv").read_text()
+    assert not list(got.rglob("checkpoint*"))  # runs' checkpoints stay out of the archive
+    assert "precision: bf16" in (got / "bf16" / "run" / "config.yaml").read_text()
+    bench = json.loads(next((got / "bench").glob("*.json")).read_text())
+    assert {r["settings"] for r in bench["rows"]} == {"training", "bf16"}
+    assert {r["method"] for r in bench["rows"]} >= {"plain", "backprop", "petra"}
+    imagenet = json.loads(next((got / "bench_imagenet").glob("*.json")).read_text())
+    assert {(r["arch"], r["stem"], r["method"]) for r in imagenet["rows"]} == {
+        ("revnet50", "imagenet", m) for m in ("plain", "backprop", "petra")
+    }
+    assert "resuming at tick 20" in (got / "resume_finished.log").read_text()
+    assert (got / "resume" / "run" / "metrics.json").exists()
+    assert json.loads((got / "env.json").read_text())["torch"] == torch.__version__
+    if tarball:
+        for method in ("backprop", "petra", "delayed", "dsp"):
+            assert json.loads((got / "cifar10" / method / "metrics.json").read_text())["images_per_s"] > 0
 
 
 def test_the_first_contact_script_stops_within_its_budget(tmp_path):
@@ -546,13 +584,6 @@ def test_the_first_contact_script_stops_within_its_budget(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line.split("\t") for line in (tmp_path / "status.tsv").read_text().splitlines()[1:]]
-    assert [r[0] for r in rows] == [
-        "env",
-        "bench",
-        "precision",
-        "resume_interrupted",
-        "resume_finished",
-        "train_bf16",
-        "loader",
-    ]
+    assert [r[0] for r in rows] == FIRST_CONTACT_PARTS
     assert all(r[1] == "skipped" for r in rows) and "budget is spent" in out.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first_contact.tar.gz", "status.tsv"]
