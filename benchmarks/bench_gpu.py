@@ -25,7 +25,7 @@ so a run cut short keeps every row it finished:
 * ``stage_host_ms`` and ``stage_device_ms``: per stage, ms per minibatch of each phase (forward,
   rebuild, backward, send, step) on the host and on the device, CUDA events around each phase
   with the launches hidden behind a sleep (benchmarks/phase_times.py; perf_counter on CPU), in
-  ticks of their own;
+  ticks of their own (``stage_times_error`` instead, where the phases cannot be observed);
 * ``stage_peak_bytes``: ``torch.cuda.max_memory_allocated`` while each stage runs a phase
   (measured in ticks of their own, after the timed ones, through the runner's observers, so the
   timed ticks carry no measurement); ``device_peak_bytes``: the device's peak over the timed
@@ -280,7 +280,10 @@ def measure(
         pipe.run(per)  # one minibatch's worth
         pipe.observers.remove(observer)
         stage_peaks = observer.peaks
-    phase_ms = stage_phase_times(pipe, per, 1)
+    try:  # a way of running phases that observers cannot watch must not lose the row's times
+        phase_ms = stage_phase_times(pipe, per, 1)
+    except Exception as err:  # noqa: BLE001
+        phase_ms = {"stage_times_error": f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"}
     held = [
         sum(p.numel() * p.element_size() * 3 for p in w.params) + sum(w.storage.kept_bytes().values())
         for w in pipe.workers

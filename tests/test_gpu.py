@@ -288,6 +288,21 @@ def test_the_gpu_benchmark_runs(tmp_path):
     )
 
 
+def test_a_row_whose_phases_cannot_be_observed_keeps_its_times(tmp_path, monkeypatch):
+    with benchmark("bench_gpu") as bench_gpu:
+
+        def refuse(pipe, ticks, minibatches):
+            raise RuntimeError("observers cannot watch a captured graph")
+
+        monkeypatch.setattr(bench_gpu, "stage_phase_times", refuse)
+        out = bench_gpu.main(
+            ["--device", "cpu", "--quick", "--methods", "petra", "--settings", "training", "--out", str(tmp_path)]
+        )
+    petra = out["rows"][1]
+    assert petra["stage_times_error"] == "RuntimeError: observers cannot watch a captured graph"
+    assert petra["s_per_batch"] > 0 and "error" not in petra and "petra_over_plain" in out["ratios"][0]
+
+
 @pytest.mark.parametrize(
     "argv,line",
     [
