@@ -1,14 +1,31 @@
-"""Time and memory of every method on one GPU: RevNet18 and RevNet50, CIFAR and ImageNet stems.
+"""Time and memory of every method on one GPU against a plain PyTorch loop, and where the time goes.
 
-    python benchmarks/bench_gpu.py                           # appends rows to results/gpu/<GPU>.json
+    python benchmarks/bench_gpu.py                           # writes results/gpu/<GPU>.json
     python benchmarks/bench_gpu.py --device cpu --quick      # a smoke run of the script on CPU (tests)
+    python benchmarks/bench_gpu.py --device cpu --width 8 --batches 64 --settings training \
+        --methods backprop,petra                             # host Python calls per tick, on a CPU
 
-One row per (model, stem, method, settings), written to the JSON as soon as it is measured (the
-file is rewritten atomically after every row), so a run cut short keeps every row it finished:
+Rows per (model, stem, settings, batch; ``--batches``, default 64 and 256): first ``plain``, a
+plain PyTorch loop over the same model (``build_model``, same arch, width and stem): one module's
+forward and backward, one optimizer over all of it (``make_optimizer``, the recipe every stage
+of the engine gets: SGD, foreach on CUDA), the batch copied from pinned memory every step as the
+engine's stage 0 does, in channels-last where the engine is (``--channels-last``, a run's
+default), under the same precision settings (autocast for bf16); then each method, once per
+``--phases`` value (how the engine runs a stage's phases; those the engine knows). Each row is
+written to the JSON as soon as it is measured (the file is rewritten atomically after every row),
+so a run cut short keeps every row it finished:
 
 * ``s_per_batch``: the synced wall time per minibatch in the pipeline's steady state, timed with
   CUDA events (perf_counter on CPU); ``host_s_per_tick``: the host's time to enqueue a tick
-  (without waiting for the device): a row where it approaches the synced time is CPU-bound;
+  (without waiting for the device; plain: a step); ``host_s_per_batch`` the same per minibatch
+  and ``host_over_synced`` = host ÷ synced per minibatch: a row near 1 is CPU-bound;
+* ``host_calls_per_tick``: Python function calls the host makes per tick (``sys.setprofile``
+  over a few steady ticks of their own; ``host_c_calls_per_tick``: calls of built-in and
+  extension functions), a count that is the same on a noisy machine (benchmarks/host_calls.py);
+* ``stage_host_ms`` and ``stage_device_ms``: per stage, ms per minibatch of each phase (forward,
+  rebuild, backward, send, step) on the host and on the device, CUDA events around each phase
+  with the launches hidden behind a sleep (benchmarks/phase_times.py; perf_counter on CPU), in
+  ticks of their own (``stage_times_error`` instead, where the phases cannot be observed);
 * ``stage_peak_bytes``: ``torch.cuda.max_memory_allocated`` while each stage runs a phase
   (measured in ticks of their own, after the timed ones, through the runner's observers, so the
   timed ticks carry no measurement); ``device_peak_bytes``: the device's peak over the timed
@@ -22,12 +39,15 @@ file is rewritten atomically after every row), so a run cut short keeps every ro
 
 Methods that learn from auxiliary heads (local, fg-local-w, fg-local-a) get a model with CNN
 heads. With 2 or more GPUs, PETRA also spread over all of them (stages in contiguous blocks).
-Ratios at the end: PETRA/backprop step time and PETRA/delayed peak memory, per model.
+Ratios at the end, per model, settings, batch and phases: PETRA/backprop step time, PETRA/delayed
+peak memory, and every method's step time over plain's (``backprop_over_plain``,
+``petra_over_plain``, ...).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -37,12 +57,18 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from host_calls import count_calls
+from phase_times import stage_phase_times
 
 from petra_core import METHODS, Pipeline, Recipe, build_model
 from petra_core.engine import LocalWorld, PipelineSpec
+from petra_core.engine import spec as spec_module
 from petra_core.engine.host_memory import retain_freed_memory
 from petra_core.engine.observers import Observer
-from petra_core.precision import set_numerics
+from petra_core.optim import make_optimizer
+from petra_core.precision import compute, set_numerics
+from petra_core.run.config import RunConfig
 
 CONFIGS = [
     ("revnet18", "cifar", 32, 10),
@@ -53,6 +79,8 @@ CONFIGS = [
 # name -> (precision, deterministic), as petra_core.precision sets them; ``training`` is
 # what ``petra train`` runs by default
 SETTINGS = {"training": ("fp32", True), "fastest": ("tf32", False), "bf16": ("bf16", False)}
+QUICK_SIZE = {"cifar": 16, "imagenet": 64}  # --quick: the smallest images each stem takes down to 1 x 1 or so
+CALL_MINIBATCHES = 3  # steady minibatches whose host calls are counted (one for sequential methods: 2J - 1 ticks)
 
 
 def current_settings() -> tuple:
@@ -119,25 +147,113 @@ class Clock:
         return end - start
 
 
+def inputs(batch: int, size: int, classes: int, cuda: bool, channels_last: bool):
+    """One minibatch (images, labels) on the host, pinned for a GPU, as a run's prefetcher gives it."""
+    x = torch.randn(batch, 3, size, size)
+    y = torch.randint(0, classes, (batch,))
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    if cuda:
+        x, y = x.pin_memory(), y.pin_memory()
+    return x, y
+
+
+def timed_steps(step, clock: Clock, steps: int, devices) -> tuple[float, float]:
+    """(synced seconds, host seconds) of ``steps`` calls of ``step``: the host's time is the sum of
+    the calls (it enqueues, it does not wait), the synced one from a mark before to a mark after."""
+    if clock.cuda:
+        for d in devices:
+            torch.cuda.synchronize(d)
+            torch.cuda.reset_peak_memory_stats(d)
+    host = 0.0
+    start = clock.mark()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        host += time.perf_counter() - t0
+    end = clock.mark()
+    for d in devices[1:]:
+        torch.cuda.synchronize(d)
+    return clock.seconds(start, end), host
+
+
+def measure_plain(
+    arch, stem, size, classes, *, device, width, batch, timed, precision="fp32", channels_last=False
+) -> dict:
+    """The plain PyTorch loop's row: the same model in one module, one optimizer, one step per minibatch."""
+    cuda = device.type == "cuda"
+    torch.manual_seed(0)
+    model = build_model(arch, num_classes=classes, stem=stem, width=width).to(device)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    x, y = inputs(batch, size, classes, cuda, channels_last)
+    opt, sched = make_optimizer(model, Recipe(base_lr=0.01), batch_size=batch, k=1, steps_per_epoch=1000)
+
+    def step():
+        xb, yb = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with compute(precision, device):
+            logits = model(xb)
+        F.cross_entropy(logits.float(), yb).backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):  # warm-up: cuDNN's benchmark, the allocator
+        step()
+    synced, host = timed_steps(step, Clock(device), timed, [device])
+    peak = torch.cuda.max_memory_allocated(device) if cuda else None
+    calls = count_calls(step, CALL_MINIBATCHES)
+    return {
+        "stages": len(model),
+        "devices": 1,
+        "ticks_per_batch": 1,
+        "s_per_batch": synced / timed,
+        "images_per_s": batch * timed / synced,
+        "host_s_per_tick": host / timed,
+        "host_s_per_batch": host / timed,
+        "host_over_synced": host / synced,
+        "host_calls_per_tick": calls["python_calls"],
+        "host_c_calls_per_tick": calls["c_calls"],
+        "stage_peak_bytes": None,
+        "stage_held_bytes": None,
+        "device_peak_bytes": peak,
+    }
+
+
 def measure(
-    arch, stem, size, classes, method, *, device, width, batch, timed, inject_oom=False, devices=None, precision="fp32"
+    arch,
+    stem,
+    size,
+    classes,
+    method,
+    *,
+    device,
+    width,
+    batch,
+    timed,
+    inject_oom=False,
+    devices=None,
+    precision="fp32",
+    phases="eager",
+    channels_last=False,
 ) -> dict:
     """One row: steady-state time and memory of ``method`` with every stage on ``device`` (or
-    spread over ``devices`` in contiguous blocks)."""
+    spread over ``devices`` in contiguous blocks), then, in ticks of their own, its host calls per
+    tick, each stage's peak memory and each stage's time per phase."""
     devices = devices or [device]
     torch.manual_seed(0)
     aux = "cnn" if METHODS[method].needs_aux else None
     model = build_model(arch, num_classes=classes, stem=stem, width=width, aux_head=aux)
-    x = torch.randn(batch, 3, size, size)
-    y = torch.randint(0, classes, (batch,))
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
     cuda = device.type == "cuda"
-    if cuda:
-        x, y = x.pin_memory(), y.pin_memory()
+    x, y = inputs(batch, size, classes, cuda, channels_last)
     J = len(model)
     per = 2 * J - 1 if METHODS[method].schedule.fixed_weights_in_flight else 1  # ticks per minibatch
     fill = 2 * (J - 1) + 1 if per == 1 else 1
-    peak_ticks = per  # one minibatch's worth, after the timed ones
-    n = fill + timed + 2 * J + 2  # minibatches: enough that the timed and peak ticks are all steady
+    calls_ticks = per * (CALL_MINIBATCHES if per == 1 else 1)
+    # minibatches: enough that the timed ticks and those of their own (calls, peaks, two phase passes) are steady
+    n = fill + timed + CALL_MINIBATCHES + 3 + 2 * J + 2
     pipe = Pipeline.build(
         PipelineSpec(
             model=model,
@@ -148,34 +264,26 @@ def measure(
             batch_size=batch,
             recipe=Recipe(base_lr=0.01),
             precision=precision,
+            **({} if phases == "eager" else {"phases": phases}),  # a spec without the field runs eager
         )
     )
     if inject_oom:  # the smoke test's stand-in for a real out-of-memory
         raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {2**40} bytes (injected)")
     pipe.run(fill * per)
-    clock = Clock(device)
-    if cuda:
-        for d in devices:
-            torch.cuda.synchronize(d)
-            torch.cuda.reset_peak_memory_stats(d)
-    host = 0.0
-    start = clock.mark()
-    for _ in range(timed * per):
-        t0 = time.perf_counter()
-        pipe.advance()
-        host += time.perf_counter() - t0
-    end = clock.mark()
-    for d in devices[1:]:
-        torch.cuda.synchronize(d)
-    seconds = clock.seconds(start, end) / timed
+    synced, host = timed_steps(pipe.advance, Clock(device), timed * per, devices)
     device_peak = max(torch.cuda.max_memory_allocated(d) for d in devices) if cuda else None
+    calls = count_calls(pipe.advance, calls_ticks)
     stage_peaks = None
     if cuda and len(devices) == 1:
         observer = StagePeaks(device, J)
         pipe.observers.append(observer)
-        pipe.run(peak_ticks)
+        pipe.run(per)  # one minibatch's worth
         pipe.observers.remove(observer)
         stage_peaks = observer.peaks
+    try:  # a way of running phases that observers cannot watch must not lose the row's times
+        phase_ms = stage_phase_times(pipe, per, 1)
+    except Exception as err:  # noqa: BLE001
+        phase_ms = {"stage_times_error": f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"}
     held = [
         sum(p.numel() * p.element_size() * 3 for p in w.params) + sum(w.storage.kept_bytes().values())
         for w in pipe.workers
@@ -183,12 +291,18 @@ def measure(
     return {
         "stages": J,
         "devices": len(devices),
-        "s_per_batch": seconds,
-        "images_per_s": batch / seconds,
+        "ticks_per_batch": per,
+        "s_per_batch": synced / timed,
+        "images_per_s": batch * timed / synced,
         "host_s_per_tick": host / (timed * per),
+        "host_s_per_batch": host / timed,
+        "host_over_synced": host / synced,
+        "host_calls_per_tick": calls["python_calls"],
+        "host_c_calls_per_tick": calls["c_calls"],
         "stage_peak_bytes": stage_peaks,
         "stage_held_bytes": held,
         "device_peak_bytes": device_peak,
+        **phase_ms,
     }
 
 
@@ -210,33 +324,74 @@ def write_atomically(path: Path, out: dict) -> None:
     os.replace(tmp, path)
 
 
+def _usable(r: dict) -> bool:
+    return not r.get("oom") and not r.get("error") and r.get("devices", 1) == 1
+
+
 def ratios(rows: list[dict]) -> list[dict]:
+    """Per (model, stem, settings, batch, phases): PETRA/backprop step time, PETRA/delayed peak
+    memory, and each method's step time over the plain loop's (same model, settings and batch)."""
     out = []
-    for arch, stem, setting in dict.fromkeys((r["arch"], r["stem"], r["settings"]) for r in rows):
+    groups = dict.fromkeys(
+        (r["arch"], r["stem"], r["settings"], r.get("batch"), r.get("phases", "eager"))
+        for r in rows
+        if r["method"] != "plain"
+    )
+    for arch, stem, setting, batch, phases in groups:
+        model = (arch, stem, setting, batch)
         same = {
             r["method"]: r
             for r in rows
-            if (r["arch"], r["stem"], r["settings"]) == (arch, stem, setting)
-            and not r.get("oom")
-            and not r.get("error")
-            and r.get("devices", 1) == 1
+            if (r["arch"], r["stem"], r["settings"], r.get("batch")) == model
+            and r.get("phases", "eager") == phases
+            and r["method"] != "plain"
+            and _usable(r)
         }
-        ratio = {"arch": arch, "stem": stem, "settings": setting}
+        plain = next(
+            (
+                r
+                for r in rows
+                if r["method"] == "plain"
+                and _usable(r)
+                and (r["arch"], r["stem"], r["settings"], r.get("batch")) == model
+            ),
+            None,
+        )
+        ratio = {"arch": arch, "stem": stem, "settings": setting, "batch": batch, "phases": phases}
         if "petra" in same and "backprop" in same:
             ratio["petra_over_backprop_step"] = same["petra"]["s_per_batch"] / same["backprop"]["s_per_batch"]
         if "petra" in same and "delayed" in same and same["petra"]["device_peak_bytes"]:
             ratio["petra_over_delayed_peak_memory"] = (
                 same["petra"]["device_peak_bytes"] / same["delayed"]["device_peak_bytes"]
             )
+        for method, r in same.items() if plain else ():
+            ratio[f"{method}_over_plain"] = r["s_per_batch"] / plain["s_per_batch"]
         out.append(ratio)
     return out
 
 
-def main(argv=None) -> dict:
+def comma_list(text: str, allowed, what: str) -> list[str]:
+    """``text``'s comma-separated names, each one of ``allowed`` (else one line naming the bad one)."""
+    names = [x for x in text.split(",") if x]
+    bad = [x for x in names if x not in allowed]
+    if bad or not names:
+        raise SystemExit(f"bench_gpu: unknown {what} {(bad or [text])[0]!r}; allowed: {', '.join(allowed)}")
+    return names
+
+
+def batch_sizes(text: str) -> list[int]:
+    sizes = [x for x in text.split(",") if x]
+    bad = [x for x in sizes if not x.isdigit() or int(x) < 1]
+    if bad or not sizes:
+        raise SystemExit(f"bench_gpu: batch size {(bad or [text])[0]!r} is not allowed; allowed: integers >= 1")
+    return [int(x) for x in sizes]
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--width", type=int, default=64)
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--batches", default="64,256", help="minibatch sizes, comma-separated (default %(default)s)")
     p.add_argument("--timed", type=int, default=6, help="timed minibatches per row")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--configs", default="all", help="'all' or e.g. revnet18:cifar,revnet50:imagenet")
@@ -245,22 +400,39 @@ def main(argv=None) -> dict:
         default="training,fastest",
         help=f"comma-separated, of: {', '.join(SETTINGS)} (default %(default)s)",
     )
+    p.add_argument(
+        "--phases",
+        default="eager",
+        help="how the engine runs a stage's phases, comma-separated, of: "
+        f"{', '.join(getattr(spec_module, 'PHASES', ('eager',)))} (default %(default)s)",
+    )
+    p.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=RunConfig().channels_last,
+        help="model and data of every row in channels-last memory format (default: a run's default, %(default)s)",
+    )
+    p.add_argument("--no-plain", dest="plain", action="store_false", help="skip the plain PyTorch loop's rows")
     p.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run of the script)")
     p.add_argument("--inject-oom", default="", help="methods whose rows raise an out-of-memory (tests)")
     p.add_argument("--out", default="results/gpu", help="directory for the JSON")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> dict:
+    args = parser().parse_args(argv)
     retain_freed_memory()  # as a run does (host_memory.py)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_gpu: no CUDA device visible (use --device cpu --quick to smoke-test the script)")
-    bad = [x for x in args.settings.split(",") if x not in SETTINGS]
-    if bad:
-        raise SystemExit(f"bench_gpu: unknown setting {bad[0]!r}; allowed: {', '.join(SETTINGS)}")
-    unknown = [m for m in args.methods.split(",") if m not in METHODS]
-    if unknown:
-        raise SystemExit(f"bench_gpu: unknown method {unknown[0]!r}; allowed: {', '.join(METHODS)}")
+    args.settings = comma_list(args.settings, SETTINGS, "setting")
+    args.methods = comma_list(args.methods, METHODS, "method")
+    args.phases = comma_list(args.phases, getattr(spec_module, "PHASES", ("eager",)), "phases")
+    args.batches = batch_sizes(args.batches)
     configs = CONFIGS if args.configs == "all" else [c for c in CONFIGS if f"{c[0]}:{c[1]}" in args.configs.split(",")]
     if args.quick:
-        configs, args.width, args.batch, args.timed = [("revnet18", "cifar", 16, 10)], 4, 4, 2
+        configs = configs if args.configs != "all" else CONFIGS[:1]
+        configs = [(arch, stem, QUICK_SIZE[stem], classes) for arch, stem, _, classes in configs]
+        args.width, args.batches, args.timed = 4, [4], 2
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or platform.machine()
     path = Path(args.out) / f"{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-').lower() or 'device'}.json"
@@ -270,7 +442,10 @@ def main(argv=None) -> dict:
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "width": args.width,
-        "batch": args.batch,
+        "batch": args.batches[0],  # the first of ``batches``; every row says its own
+        "batches": args.batches,
+        "phases": args.phases,
+        "channels_last": args.channels_last,
         "timed": args.timed,
         "rows": [],
         "ratios": [],
@@ -285,78 +460,60 @@ def main(argv=None) -> dict:
     return out
 
 
+def describe(row: dict) -> str:
+    """One line of what a row measured."""
+    return (
+        f"{row['s_per_batch'] * 1e3:8.1f} ms/batch (host {row['host_s_per_batch'] * 1e3:.1f} ms,"
+        f" host/synced {row['host_over_synced']:.2f}, {row['host_calls_per_tick']:.0f} Python calls/tick)"
+        f"  peak {(row['device_peak_bytes'] or 0) / 2**30:6.2f} GiB"
+    )
+
+
+def record(out: dict, path: Path, row: dict, measured) -> None:
+    """``row`` with what ``measured()`` returns (an out-of-memory or an error is a result too),
+    appended to ``out`` and written at once: a run cut short keeps every row it finished."""
+    t0 = time.perf_counter()
+    try:
+        row.update(measured())
+        what = describe(row)
+    except torch.cuda.OutOfMemoryError as err:
+        row.update(oom=True, tried_bytes=oom_bytes(err), error=str(err).splitlines()[0][:300])
+        what = f"out of memory (tried {row['tried_bytes']} bytes)"
+    except Exception as err:  # noqa: BLE001 - one failed row must not lose the others
+        row.update(error=f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}")
+        what = f"failed: {row['error']}"
+    row["bench_s"] = time.perf_counter() - t0
+    out["rows"].append(row)
+    out["ratios"] = ratios(out["rows"])
+    write_atomically(path, out)
+    where = f"{row['settings']:8s} {row['arch']:9s} {row['stem']:8s} b{row['batch']:<4d}"
+    print(f"{where} {row['method']:12s} {row['phases']:7s} {what} ({row['bench_s']:.0f} s)", flush=True)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def rows_for_every_setting(args, configs, device, path: Path, out: dict) -> None:
-    for setting in args.settings.split(","):
+    gpus = [torch.device("cuda", i) for i in range(torch.cuda.device_count())] if args.device == "cuda" else []
+    for setting in args.settings:
         precision = apply_settings(setting)
         for arch, stem, size, classes in configs:
-            for method in args.methods.split(","):
-                row = {"arch": arch, "stem": stem, "image_size": size, "method": method, "settings": setting}
-                t0 = time.perf_counter()
-                try:
-                    row.update(
-                        measure(
-                            arch,
-                            stem,
-                            size,
-                            classes,
-                            method,
-                            device=device,
-                            width=args.width,
-                            batch=args.batch,
-                            timed=args.timed,
-                            precision=precision,
-                            inject_oom=method in args.inject_oom.split(","),
-                        )
-                    )
-                    what = (
-                        f"{row['s_per_batch'] * 1e3:8.1f} ms/batch (host {row['host_s_per_tick'] * 1e3:.1f} ms/tick)"
-                        f"  peak {(row['device_peak_bytes'] or 0) / 2**30:6.2f} GiB"
-                    )
-                except torch.cuda.OutOfMemoryError as err:
-                    row.update(oom=True, tried_bytes=oom_bytes(err), error=str(err).splitlines()[0][:300])
-                    what = f"out of memory (tried {row['tried_bytes']} bytes)"
-                except Exception as err:  # noqa: BLE001 - one failed row must not lose the others
-                    row.update(error=f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}")
-                    what = f"failed: {row['error']}"
-                row["bench_s"] = time.perf_counter() - t0
-                out["rows"].append(row)
-                out["ratios"] = ratios(out["rows"])
-                write_atomically(path, out)
-                print(f"{setting:8s} {arch:9s} {stem:8s} {method:12s} {what} ({row['bench_s']:.0f} s)", flush=True)
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-            if args.device == "cuda" and torch.cuda.device_count() >= 2 and "petra" in args.methods.split(","):
-                gpus = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-                row = {
-                    "arch": arch,
-                    "stem": stem,
-                    "image_size": size,
-                    "method": "petra",
-                    "settings": setting,
-                    "devices": len(gpus),
-                }
-                try:
-                    row.update(
-                        measure(
-                            arch,
-                            stem,
-                            size,
-                            classes,
-                            "petra",
-                            device=gpus[0],
-                            devices=gpus,
-                            width=args.width,
-                            batch=args.batch,
-                            timed=args.timed,
-                            precision=precision,
-                        )
-                    )
-                except torch.cuda.OutOfMemoryError as err:
-                    row.update(oom=True, tried_bytes=oom_bytes(err), error=str(err).splitlines()[0][:300])
-                except Exception as err:  # noqa: BLE001
-                    row.update(error=f"{type(err).__name__}: {err}"[:300])
-                out["rows"].append(row)
-                write_atomically(path, out)
+            for batch in args.batches:
+                model = (arch, stem, size, classes)
+                shape = dict(device=device, width=args.width, batch=batch, timed=args.timed, precision=precision)
+                shape["channels_last"] = args.channels_last
+                key = {"arch": arch, "stem": stem, "image_size": size, "batch": batch, "settings": setting}
+                if args.plain:
+                    row = {**key, "method": "plain", "phases": "eager"}
+                    record(out, path, row, functools.partial(measure_plain, *model, **shape))
+                for phases in args.phases:
+                    for method in args.methods:
+                        oom = method in args.inject_oom.split(",")
+                        measured = functools.partial(measure, *model, method, phases=phases, inject_oom=oom, **shape)
+                        record(out, path, {**key, "method": method, "phases": phases}, measured)
+                    if len(gpus) >= 2 and "petra" in args.methods:
+                        row = {**key, "method": "petra", "phases": phases, "devices": len(gpus)}
+                        measured = functools.partial(measure, *model, "petra", phases=phases, devices=gpus, **shape)
+                        record(out, path, row, measured)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ run where CUDA is visible (``pytest -m gpu``) and are skipped, with the reason, 
 The probes that made the committed H200 evidence (``benchmarks/probes/``) also run on the CPU (slow).
 """
 
+import contextlib
 import copy
+import importlib
 import json
 import sys
 import time
@@ -230,27 +232,47 @@ def test_nccl_pipeline_equals_the_simulator(tmp_path):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-7), f"{name}: NCCL pipeline differs from the simulator"
 
 
+@contextlib.contextmanager
+def benchmark(name: str):
+    """Module ``name`` of benchmarks/ (imported as the scripts import each other), forgotten after."""
+    where = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    sys.path.insert(0, where)
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.path.remove(where)
+        for mod in ("bench_gpu", "host_calls", "phase_times", name):
+            sys.modules.pop(mod, None)
+
+
 def test_the_gpu_benchmark_runs(tmp_path):
     """bench_gpu.py is the one prepared script for a lent GPU: keep it working (a CPU smoke run)."""
-    sys_path = str(Path(__file__).resolve().parents[1] / "benchmarks")
-    sys.path.insert(0, sys_path)
-    try:
-        import bench_gpu
-
+    with benchmark("bench_gpu") as bench_gpu:
         out = bench_gpu.main(
             ["--device", "cpu", "--quick", "--inject-oom", "delayed", "--settings", "training", "--out", str(tmp_path)]
-        )  # the default method list: every method
-    finally:
-        sys.path.remove(sys_path)
-        sys.modules.pop("bench_gpu", None)
-    from petra_core import METHODS
-
-    assert [r["method"] for r in out["rows"]] == list(METHODS)
+        )  # the default method list: every method, after the plain loop
+    assert [r["method"] for r in out["rows"]] == ["plain", *METHODS]
+    assert {(r["batch"], r["phases"]) for r in out["rows"]} == {(4, "eager")}
     oom = [r for r in out["rows"] if r.get("oom")]
     assert [r["method"] for r in oom] == ["delayed"] and oom[0]["tried_bytes"] == 2**40
     assert not any(r.get("error") and not r.get("oom") for r in out["rows"]), out["rows"]
-    assert all(r["host_s_per_tick"] > 0 for r in out["rows"] if not r.get("oom"))
-    assert "petra_over_backprop_step" in out["ratios"][0]
+    measured = [r for r in out["rows"] if not r.get("oom")]
+    assert all(r["host_s_per_tick"] > 0 and r["host_calls_per_tick"] > 0 for r in measured)
+    # on a CPU the host is the device: host time per minibatch is the synced time
+    assert all(r["host_over_synced"] == pytest.approx(1, rel=0.2) for r in measured)
+    petra = next(r for r in out["rows"] if r["method"] == "petra")
+    backprop = next(r for r in out["rows"] if r["method"] == "backprop")
+    plain = out["rows"][0]
+    assert plain["stage_held_bytes"] is None and "stage_device_ms" not in plain
+    # every stage's phases, per minibatch: PETRA rebuilds every reversible stage's input
+    assert len(petra["stage_device_ms"]) == petra["stages"] == len(petra["stage_host_ms"])
+    assert all(set(s) >= {"forward", "backward", "step"} for s in petra["stage_device_ms"])
+    assert all(s["rebuild"] > 0 for s in petra["stage_device_ms"][1:-1])
+    assert 0 < sum(sum(s.values()) for s in petra["stage_device_ms"]) < 3e3 * petra["s_per_batch"]
+    (ratio,) = out["ratios"]
+    assert ratio["batch"] == 4 and ratio["phases"] == "eager" and "petra_over_backprop_step" in ratio
+    assert ratio["backprop_over_plain"] == backprop["s_per_batch"] / plain["s_per_batch"]
+    assert ratio["petra_over_plain"] == petra["s_per_batch"] / plain["s_per_batch"]
     (written,) = tmp_path.glob("*.json")
     assert json.loads(written.read_text())["rows"] == out["rows"]
 
@@ -260,8 +282,6 @@ def test_the_gpu_benchmark_runs(tmp_path):
 
     context = tables.table1_context(costs_mod.load(Path(__file__).resolve().parents[1] / "results/costs"))
     md = tables.render("table1_costs", "md", {**context, "gpu": gpu.gpu_context(gpu.load(tmp_path))})
-    petra = next(r for r in out["rows"] if r["method"] == "petra")
-    backprop = next(r for r in out["rows"] if r["method"] == "backprop")
     ratio = petra["s_per_batch"] / backprop["s_per_batch"]
     assert f"| RevNet18 | cifar | training | PETRA | {1e3 * petra['s_per_batch']:.1f} | {ratio:.2f} |" in md, md
     assert "| Delayed (weight stash) | out of memory | – | – | tried 1024.00 |" in md
@@ -317,6 +337,179 @@ def test_the_graph_floor_probe_runs(tmp_path):
         assert r["graph_s"] < r["eager_s"], r
 
 
+def test_a_row_whose_phases_cannot_be_observed_keeps_its_times(tmp_path, monkeypatch):
+    with benchmark("bench_gpu") as bench_gpu:
+
+        def refuse(pipe, ticks, minibatches):
+            raise RuntimeError("observers cannot watch a captured graph")
+
+        monkeypatch.setattr(bench_gpu, "stage_phase_times", refuse)
+        out = bench_gpu.main(
+            ["--device", "cpu", "--quick", "--methods", "petra", "--settings", "training", "--out", str(tmp_path)]
+        )
+    petra = out["rows"][1]
+    assert petra["stage_times_error"] == "RuntimeError: observers cannot watch a captured graph"
+    assert petra["s_per_batch"] > 0 and "error" not in petra and "petra_over_plain" in out["ratios"][0]
+
+
+@pytest.mark.parametrize(
+    "argv,line",
+    [
+        (["--phases", "eager,warp"], "bench_gpu: unknown phases 'warp'; allowed: "),
+        (["--batches", "64,0"], "bench_gpu: batch size '0' is not allowed; allowed: integers >= 1"),
+        (["--settings", "fp8"], "bench_gpu: unknown setting 'fp8'; allowed: training, fastest, bf16"),
+    ],
+)
+def test_the_gpu_benchmark_refuses_a_bad_value_in_one_line(argv, line, tmp_path):
+    with benchmark("bench_gpu") as bench_gpu, pytest.raises(SystemExit) as err:
+        bench_gpu.main(["--device", "cpu", "--quick", "--out", str(tmp_path), *argv])
+    assert str(err.value).startswith(line) and "\n" not in str(err.value)
+    assert not list(tmp_path.iterdir())  # refused before any row
+
+
+def test_host_calls_counts_a_known_functions_calls_exactly():
+    def leaf(x):
+        return abs(x)  # one C call
+
+    def three_leaves():
+        i = 0
+        while i < 3:
+            leaf(i)
+            i += 1
+
+    with benchmark("host_calls") as host_calls:
+        assert host_calls.count_calls(three_leaves) == {"python_calls": 4, "c_calls": 3}
+        assert host_calls.count_calls(three_leaves, repeat=5) == {"python_calls": 4, "c_calls": 3}
+        assert host_calls.count_calls(lambda: None) == {"python_calls": 1, "c_calls": 0}
+        with pytest.raises(ValueError, match="repeat must be an integer >= 1, got 0"):
+            host_calls.count_calls(leaf, repeat=0)
+
+
+def test_host_calls_of_a_tick_are_the_same_every_steady_tick():
+    """The count steers the host's work without a GPU: it must not move between steady ticks."""
+    torch.manual_seed(0)
+    model = make_model()
+    ((x, y),) = make_batches(1, batch=4)
+    J = len(model)
+    spec = PipelineSpec(
+        model=model, method="petra", world=LocalWorld(), num_batches=6 * J, get_batch=lambda mb: (x, y), batch_size=4
+    )
+    pipe = Pipeline.build(spec)
+    pipe.run(2 * J)
+    with benchmark("host_calls") as host_calls:
+        counts = [host_calls.count_calls(pipe.advance) for _ in range(3)]
+    assert counts[0] == counts[1] == counts[2] and counts[0]["python_calls"] > 100
+
+
+def test_phase_clock_times_every_phase_of_every_stage_in_ticks_of_its_own():
+    """Per-stage phase times on a CPU: every stage, every phase it runs, and the observers leave the
+    pipeline as they found it (a run with them differs in nothing it computes)."""
+    torch.manual_seed(0)
+    model = make_model()
+    ((x, y),) = make_batches(1, batch=4)
+    J = len(model)
+
+    def build():
+        m = copy.deepcopy(model)
+        return Pipeline.build(
+            PipelineSpec(
+                model=m,
+                method="petra",
+                world=LocalWorld(),
+                num_batches=4 * J,
+                get_batch=lambda mb: (x, y),
+                batch_size=4,
+            )
+        )
+
+    pipe, reference = build(), build()
+    pipe.run(2 * J)
+    with benchmark("phase_times") as phase_times:
+        times = phase_times.stage_phase_times(pipe, ticks=2, minibatches=2)
+    assert pipe.observers == [] and pipe.tick == 2 * J + 4
+    for key in ("stage_host_ms", "stage_device_ms"):
+        assert len(times[key]) == J
+        assert all(set(s) == {"forward", "send", "rebuild", "backward", "step"} for s in times[key][1:-1]), times[key]
+        assert all(v > 0 for s in times[key] for v in s.values())
+    reference.run(2 * J + 4)
+    for a, b in zip(pipe.stage_state_dicts().values(), reference.stage_state_dicts().values()):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@gpu_lane
+def test_a_phase_clock_on_a_gpu_times_the_device_not_the_launches():
+    """A phase whose host launches 5 ms of device work over 10 ms: with the sleep ahead, its events
+    time the device's 5 ms; without it, the stream waits for the host and they time its 10."""
+    from types import SimpleNamespace
+
+    device = torch.device("cuda", 0)
+    worker = SimpleNamespace(index=0, replica=0, device=device)
+    with benchmark("phase_times") as phase_times:
+        rate = phase_times.sleep_cycles_per_s(device)
+        assert 1e8 < rate < 1e11  # cycles per second: a GPU's clock, not a wrong unit
+        spans = {}
+        for ahead in (0.05, None):
+            clock = phase_times.PhaseClock(device=True, ahead_s=ahead and {(0, "forward"): ahead}, cycles_per_s=rate)
+            clock.before("forward", worker, 0)
+            for _ in range(5):
+                time.sleep(0.002)
+                phase_times.cuda_sleep(device, 0.001, rate)
+            clock.after("forward", worker, 0)
+            ((key, spans[ahead]),) = clock.seconds()
+    assert key == (0, "forward")
+    assert spans[0.05] == pytest.approx(0.005, rel=0.25) and spans[None] > 0.009, spans
+
+
+@gpu_lane
+def test_phase_times_of_a_pipeline_on_a_gpu_add_up_to_at_most_its_synced_time():
+    with benchmark("bench_gpu") as bench_gpu:
+        saved = bench_gpu.current_settings()
+        try:
+            precision = bench_gpu.apply_settings("fastest")
+            row = bench_gpu.measure(
+                "revnet18",
+                "cifar",
+                32,
+                10,
+                "petra",
+                device=torch.device("cuda", 0),
+                width=64,
+                batch=64,
+                timed=6,
+                precision=precision,
+            )
+        finally:
+            bench_gpu.restore_settings(saved)
+    device_ms = sum(sum(s.values()) for s in row["stage_device_ms"])
+    synced_ms = 1e3 * row["s_per_batch"]
+    assert 0.05 * synced_ms < device_ms < 1.1 * synced_ms, (device_ms, synced_ms)
+    assert row["host_over_synced"] > 0 and row["host_calls_per_tick"] > 100
+
+
+@gpu_lane
+def test_the_plain_loop_on_a_gpu_is_timed_like_the_engine():
+    with benchmark("bench_gpu") as bench_gpu:
+        saved = bench_gpu.current_settings()
+        try:
+            precision = bench_gpu.apply_settings("bf16")
+            row = bench_gpu.measure_plain(
+                "revnet18",
+                "cifar",
+                32,
+                10,
+                device=torch.device("cuda", 0),
+                width=64,
+                batch=64,
+                timed=6,
+                precision=precision,
+                channels_last=True,
+            )
+        finally:
+            bench_gpu.restore_settings(saved)
+    assert row["host_s_per_batch"] > 0 and 0 < row["s_per_batch"] < 1.0 and row["device_peak_bytes"] > 0
+    assert row["host_calls_per_tick"] > 100
+
+
 # ---- machines with several GPUs: local slots, SLURM ----------------------------------------------
 def test_with_gpus_gives_each_claimant_gpus_of_its_own(tmp_path):
     from petra_core.workflow.gpus import claim
@@ -370,12 +563,31 @@ def test_the_slurm_profile_asks_for_the_cpus_a_run_uses():
     assert "cpus_per_gpu" not in train  # SLURM refuses it beside --cpus-per-task
 
 
+FIRST_CONTACT_PARTS = [
+    "env",
+    "bench",
+    "cifar10_prepare",
+    "cifar10_backprop",
+    "cifar10_petra",
+    "bench_imagenet",
+    "precision",
+    "resume_interrupted",
+    "resume_finished",
+    "train_bf16",
+    "loader",
+    "cifar10_delayed",
+    "cifar10_dsp",
+]
+
+
 @pytest.mark.slow
 def test_the_first_contact_script_runs_every_part_on_cpu(tmp_path):
     """benchmarks/gpu_first_contact.sh in its CPU smoke mode: every part runs under its own timeout
-    and leaves its log and status; the interrupted run resumes to the end."""
+    and leaves its log and status; the interrupted run resumes to the end; everything it wrote is in
+    one archive, beside status.tsv and nothing else."""
     import os
     import subprocess
+    import tarfile
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "OUT": str(tmp_path), "DEVICE": "cpu", "QUICK": "1", "PYTHON": sys.executable}
@@ -384,25 +596,44 @@ def test_the_first_contact_script_runs_every_part_on_cpu(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=600,
     )
     assert out.returncode == 0, out.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first_contact.tar.gz", "status.tsv"]
     status = dict(line.split("\t")[:2] for line in (tmp_path / "status.tsv").read_text().splitlines()[1:])
+    tarball = any((root / d / "cifar10-jpeg.tar.gz").is_file() for d in ("../shared/data", "shared/data"))
+    cifar = "0" if tarball else "skipped"  # a clone without the data skips the real epochs, named
     assert status == {
+        **{name: cifar for name in FIRST_CONTACT_PARTS if name.startswith("cifar10")},
         "env": "0",
         "bench": "0",
+        "bench_imagenet": "0",
         "precision": "0",
         "resume_interrupted": "130",
         "resume_finished": "0",
         "train_bf16": "0",
         "loader": "0",
     }
-    assert "precision: bf16" in (tmp_path / "bf16" / "run" / "config.yaml").read_text()
-    settings = {r["settings"] for r in json.loads(next((tmp_path / "bench").glob("*.json")).read_text())["rows"]}
-    assert settings == {"training", "bf16"}
-    assert "resuming at tick 20" in (tmp_path / "resume_finished.log").read_text()
-    assert (tmp_path / "resume" / "run" / "metrics.json").exists() and list((tmp_path / "bench").glob("*.json"))
-    assert json.loads((tmp_path / "env.json").read_text())["torch"] == torch.__version__
+    assert list(status) == FIRST_CONTACT_PARTS
+    with tarfile.open(tmp_path / "first_contact.tar.gz") as archive:
+        archive.extractall(tmp_path / "x", filter="data")
+    got = tmp_path / "x" / "first_contact"
+    assert (got / "status.tsv").read_text() == (tmp_path / "status.tsv").read_text()
+    assert not list(got.rglob("checkpoint*"))  # runs' checkpoints stay out of the archive
+    assert "precision: bf16" in (got / "bf16" / "run" / "config.yaml").read_text()
+    bench = json.loads(next((got / "bench").glob("*.json")).read_text())
+    assert {r["settings"] for r in bench["rows"]} == {"training", "bf16"}
+    assert {r["method"] for r in bench["rows"]} >= {"plain", "backprop", "petra"}
+    imagenet = json.loads(next((got / "bench_imagenet").glob("*.json")).read_text())
+    assert {(r["arch"], r["stem"], r["method"]) for r in imagenet["rows"]} == {
+        ("revnet50", "imagenet", m) for m in ("plain", "backprop", "petra")
+    }
+    assert "resuming at tick 20" in (got / "resume_finished.log").read_text()
+    assert (got / "resume" / "run" / "metrics.json").exists()
+    assert json.loads((got / "env.json").read_text())["torch"] == torch.__version__
+    if tarball:
+        for method in ("backprop", "petra", "delayed", "dsp"):
+            assert json.loads((got / "cifar10" / method / "metrics.json").read_text())["images_per_s"] > 0
 
 
 def test_the_first_contact_script_stops_within_its_budget(tmp_path):
@@ -417,13 +648,6 @@ def test_the_first_contact_script_stops_within_its_budget(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line.split("\t") for line in (tmp_path / "status.tsv").read_text().splitlines()[1:]]
-    assert [r[0] for r in rows] == [
-        "env",
-        "bench",
-        "precision",
-        "resume_interrupted",
-        "resume_finished",
-        "train_bf16",
-        "loader",
-    ]
+    assert [r[0] for r in rows] == FIRST_CONTACT_PARTS
     assert all(r[1] == "skipped" for r in rows) and "budget is spent" in out.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first_contact.tar.gz", "status.tsv"]
