@@ -133,3 +133,37 @@ def test_a_one_epoch_run_without_its_config_is_refused(tmp_path):
     (folder / gpu.PROVENANCE).write_text(json.dumps(provenance))
     with pytest.raises(ValueError, match=rf"^{re.escape(dropped)}: no config in provenance.json"):
         gpu.summary(tmp_path)
+
+
+def test_rows_of_several_batches_and_phases_compare_with_backprop_of_their_own():
+    """bench_gpu.py's rows carry a batch and phases: each time is set against backprop's at the same
+    model, settings, batch and phases, and the plain loop's row is named as such."""
+    from petra_core.report import gpu
+
+    def row(method, batch, ms, phases="eager"):
+        return dict(
+            arch="revnet18",
+            stem="cifar",
+            settings="bf16",
+            method=method,
+            batch=batch,
+            phases=phases,
+            s_per_batch=ms / 1e3,
+            host_s_per_tick=ms / 2e3,
+            device_peak_bytes=2**30,
+        )
+
+    measured = [
+        row("plain", 64, 2.0),
+        row("backprop", 64, 4.0),
+        row("petra", 64, 6.0),
+        row("backprop", 256, 10.0),
+        row("petra", 256, 12.0),
+        row("petra", 64, 5.0, "graphs"),
+    ]
+    rows = gpu._rows(measured, 64)
+    ratio = {(r["method"], r["settings"]): r["ratio"] for r in rows}
+    assert ratio["PETRA", "bf16"] == pytest.approx(1.5)
+    assert ratio["PETRA", "bf16, batch 256"] == pytest.approx(1.2)
+    assert ratio["PETRA (graphs phases)", "bf16"] is None  # no backprop measured with graphs
+    assert ratio[gpu.PLAIN_LABEL, "bf16"] == pytest.approx(0.5)

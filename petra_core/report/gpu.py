@@ -28,6 +28,7 @@ from . import labels
 PROVENANCE = "provenance.json"  # {"revision", "date", "runs": {file: the run's config}}
 PLAIN = "plain_and_syncs.json"  # benchmarks/probes/gpu_probe.py
 EPOCH_RUNS = "cifar10_1epoch_*.json"  # one real CIFAR-10 epoch per method: the run's metrics.json
+PLAIN_LABEL = "plain PyTorch"  # bench_gpu.py's baseline row: the same model as one module, one optimizer
 PAPER_PROFILE = "paper"  # the profile whose CIFAR-10 epochs the measured rates are turned into hours
 
 
@@ -54,30 +55,39 @@ def load(gpu_dir: str | Path | None) -> list[dict]:
     return out
 
 
-def _rows(measured: list[dict]) -> list[dict]:
+def _setting(r: dict, batch: int | None) -> tuple:
+    """What a row's time compares within: its model, settings, batch and phases (a file from before
+    bench_gpu.py measured several batches or phases has one batch, the file's, and eager phases)."""
+    return (r["arch"], r["stem"], r["settings"], r.get("batch", batch), r.get("phases", "eager"))
+
+
+def _rows(measured: list[dict], batch: int | None = None) -> list[dict]:
     base = {
-        (r["arch"], r["stem"], r["settings"]): r["s_per_batch"]
+        _setting(r, batch): r["s_per_batch"]
         for r in measured
         if r["method"] == "backprop" and r.get("s_per_batch") and r.get("devices", 1) == 1
     }
     rows = []
     for r in measured:
-        method = labels.METHOD_LABELS.get(r["method"], r["method"])
+        method = PLAIN_LABEL if r["method"] == "plain" else labels.METHOD_LABELS.get(r["method"], r["method"])
         if r.get("devices", 1) > 1:
             method += f" ({r['devices']} GPUs)"
+        if r.get("phases", "eager") != "eager":
+            method += f" ({r['phases']} phases)"
+        settings = r["settings"] if r.get("batch", batch) == batch else f"{r['settings']}, batch {r['batch']}"
         row = {
             "arch": r["arch"],
             "key": r["method"],
             "model": labels.model_label(r["arch"]),
             "stem": r["stem"],
-            "settings": r["settings"],
+            "settings": settings,
             "method": method,
             "devices": r.get("devices", 1),
             "oom": bool(r.get("oom")),
             "error": r.get("error") if not r.get("oom") else None,
         }
         if r.get("s_per_batch"):
-            b = base.get((r["arch"], r["stem"], r["settings"]))
+            b = base.get(_setting(r, batch))
             row.update(
                 ms=1e3 * r["s_per_batch"],
                 host_ms=1e3 * r["host_s_per_tick"],
@@ -121,7 +131,7 @@ def gpu_context(files: list[dict]) -> dict:
                 "batch": f.get("batch"),
                 "revision": provenance.get("revision"),
                 "date": provenance.get("date"),
-                "rows": _rows(f.get("rows", [])),
+                "rows": _rows(f.get("rows", []), f.get("batch")),
                 "plain": _plain(f.get("evidence", {}).get("plain")),
             }
         )
