@@ -273,6 +273,7 @@ def measure(
     synced, host = timed_steps(pipe.advance, Clock(device), timed * per, devices)
     device_peak = max(torch.cuda.max_memory_allocated(d) for d in devices) if cuda else None
     calls = count_calls(pipe.advance, calls_ticks)
+    replayed = count_calls(pipe.advance, calls_ticks, skip=phase_computes()) if phases != "eager" else calls
     stage_peaks = None
     if cuda and len(devices) == 1:
         observer = StagePeaks(device, J)
@@ -299,11 +300,34 @@ def measure(
         "host_over_synced": host / synced,
         "host_calls_per_tick": calls["python_calls"],
         "host_c_calls_per_tick": calls["c_calls"],
+        # a static phase's compute counted as the one call a graph replay makes of it: a tick's host
+        # calls once every phase is replayed (what phases=graphs leaves, measured without a GPU)
+        "host_calls_per_tick_replayed": replayed["python_calls"],
+        "host_c_calls_per_tick_replayed": replayed["c_calls"],
         "stage_peak_bytes": stage_peaks,
         "stage_held_bytes": held,
         "device_peak_bytes": device_peak,
         **phase_ms,
     }
+
+
+def runs_with(methods: list[str], phases: str) -> list[str]:
+    """The methods that run with ``phases`` (static phases run those whose stages keep their input
+    or nothing: engine/phases.py); the others are measured eager only."""
+    if phases == "eager":
+        return methods
+    from petra_core.engine.phases import static_methods
+
+    return [m for m in methods if m in static_methods()]
+
+
+def phase_computes() -> tuple:
+    """The compute of each static phase (engine/phases.py), what one CUDA graph replay stands for."""
+    try:
+        from petra_core.engine.phases import StaticPhases
+    except ImportError:  # an engine without static phases
+        return ()
+    return (StaticPhases._forward, StaticPhases._backward, StaticPhases._step)
 
 
 def oom_bytes(err: BaseException) -> int | None:
@@ -460,11 +484,19 @@ def main(argv=None) -> dict:
     return out
 
 
+def _replayed(row: dict) -> str:
+    replayed = row.get("host_calls_per_tick_replayed")
+    if replayed is None or row.get("phases", "eager") == "eager":
+        return ""
+    return f", {replayed:.0f} with each phase one replay"
+
+
 def describe(row: dict) -> str:
     """One line of what a row measured."""
     return (
         f"{row['s_per_batch'] * 1e3:8.1f} ms/batch (host {row['host_s_per_batch'] * 1e3:.1f} ms,"
-        f" host/synced {row['host_over_synced']:.2f}, {row['host_calls_per_tick']:.0f} Python calls/tick)"
+        f" host/synced {row['host_over_synced']:.2f}, {row['host_calls_per_tick']:.0f} Python calls/tick"
+        f"{_replayed(row)})"
         f"  peak {(row['device_peak_bytes'] or 0) / 2**30:6.2f} GiB"
     )
 
@@ -506,7 +538,7 @@ def rows_for_every_setting(args, configs, device, path: Path, out: dict) -> None
                     row = {**key, "method": "plain", "phases": "eager"}
                     record(out, path, row, functools.partial(measure_plain, *model, **shape))
                 for phases in args.phases:
-                    for method in args.methods:
+                    for method in runs_with(args.methods, phases):
                         oom = method in args.inject_oom.split(",")
                         measured = functools.partial(measure, *model, method, phases=phases, inject_oom=oom, **shape)
                         record(out, path, {**key, "method": method, "phases": phases}, measured)

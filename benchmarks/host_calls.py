@@ -13,18 +13,27 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 
-def count_calls(fn: Callable[[], object], repeat: int = 1) -> dict[str, float]:
-    """``{"python_calls", "c_calls"}`` per call of ``fn()``, averaged over ``repeat`` calls."""
+def count_calls(fn: Callable[[], object], repeat: int = 1, skip: Iterable[Callable] = ()) -> dict[str, float]:
+    """``{"python_calls", "c_calls"}`` per call of ``fn()``, averaged over ``repeat`` calls.
+    ``skip``: functions counted as one call each, without what they call (what one CUDA graph
+    replay stands for: a static phase's compute, engine/phases.py)."""
     if not isinstance(repeat, int) or repeat < 1:
         raise ValueError(f"repeat must be an integer >= 1, got {repeat!r}")
     counts = {"call": 0, "c_call": 0}
     restore = sys.setprofile
+    skipped = {f.__code__ for f in skip}
+    inside = [0]  # depth in skipped functions
 
     def profiler(frame, event, arg):
-        if event in counts and arg is not restore:  # not the call that ends the count
+        if frame.f_code in skipped and event in ("call", "return"):
+            inside[0] += 1 if event == "call" else -1
+            if event == "call" and inside[0] == 1:
+                counts["call"] += 1
+            return
+        if event in counts and arg is not restore and not inside[0]:  # not the call that ends the count
             counts[event] += 1
 
     calls = itertools.repeat(fn, repeat)  # made before counting: its iteration is no call event

@@ -381,6 +381,9 @@ def test_host_calls_counts_a_known_functions_calls_exactly():
         assert host_calls.count_calls(three_leaves) == {"python_calls": 4, "c_calls": 3}
         assert host_calls.count_calls(three_leaves, repeat=5) == {"python_calls": 4, "c_calls": 3}
         assert host_calls.count_calls(lambda: None) == {"python_calls": 1, "c_calls": 0}
+        # a skipped function is one call, without what it calls (what a graph replay stands for)
+        assert host_calls.count_calls(three_leaves, skip=[leaf]) == {"python_calls": 4, "c_calls": 0}
+        assert host_calls.count_calls(three_leaves, skip=[three_leaves]) == {"python_calls": 1, "c_calls": 0}
         with pytest.raises(ValueError, match="repeat must be an integer >= 1, got 0"):
             host_calls.count_calls(leaf, repeat=0)
 

@@ -100,7 +100,7 @@ Inputs = Sequence[Tensor | None]
 
 
 def _signature(inputs: Inputs) -> tuple:
-    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in inputs)
+    return tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in inputs])
 
 
 class _Slot:
@@ -191,7 +191,7 @@ def _flat(a: Activation | None, n: int) -> list[Tensor | None]:
 
 
 def _unflat(ts: list, pair: bool) -> Activation | None:
-    if any(t is None for t in ts):
+    if None in ts:
         return None
     return tuple(ts) if pair else ts[0]
 
@@ -253,7 +253,7 @@ class StaticPhases:
 
     def step(self) -> None:
         """The optimizer's step, and the gradients zeroed: a graph per set of learning rates."""
-        self.step_call(key=tuple(group["lr"] for group in self.worker.optimizer.param_groups))
+        self.step_call(key=tuple([group["lr"] for group in self.worker.optimizer.param_groups]))
 
     def zero_grads(self) -> None:
         if self.grads:

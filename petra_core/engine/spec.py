@@ -23,7 +23,7 @@ from ..optim import Recipe
 from ..precision import check_precision
 from ..replicas import ReplicaRule, get_rule
 from .observers import Observer
-from .phases import check_phases
+from .phases import PHASES, check_phases  # noqa: F401  (PHASES: the spec's allowed values, read by benchmarks)
 from .placement import PlacementSpec
 from .worlds import World
 

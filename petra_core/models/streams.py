@@ -27,7 +27,7 @@ def apply(fn: Callable[[Tensor], Tensor], a: Activation | None) -> Activation | 
     """``fn`` on every tensor of ``a`` (None stays None)."""
     if a is None:
         return None
-    return tuple(fn(t) for t in a) if is_pair(a) else fn(a)
+    return tuple([fn(t) for t in a]) if is_pair(a) else fn(a)  # a list: no generator resumed per tensor
 
 
 def tensors(a: Activation | None) -> tuple[Tensor, ...]:
@@ -39,7 +39,7 @@ def tensors(a: Activation | None) -> tuple[Tensor, ...]:
 
 def nbytes(a: Activation | None) -> int:
     """Logical bytes of ``a`` (its elements, not its storage's)."""
-    return sum(t.numel() * t.element_size() for t in tensors(a))
+    return sum([t.numel() * t.element_size() for t in tensors(a)])
 
 
 def shape(a: Activation) -> tuple[int, ...]:
