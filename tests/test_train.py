@@ -109,6 +109,9 @@ def run_cli(capsys, *args):
         (["bogus=1"], "unknown config key 'bogus'; allowed:"),
         (["epochs=two"], "epochs='two' has the wrong type; expected int"),
         (["method=sgd"], "method='sgd' is not allowed; allowed: backprop"),
+        (["method=backprop", "phases=static"], "phases='static' runs methods whose stages keep their input"),
+        (["method=petra", "phases=graphs"], "phases='graphs' captures CUDA graphs, and the stages are on cpu"),
+        (["phases=fast"], "phases='fast' is not allowed; allowed: eager, static, graphs"),
         (["dataset=cifar10", "data_source=/nonexistent/cifar.tar.gz"], "/nonexistent/cifar.tar.gz"),
     ],
 )
