@@ -317,13 +317,16 @@ class Trainer:
             self.diverged(f"weights are NaN or infinite after epoch {epoch + 1} (minibatch {(epoch + 1) * G - 1})")
         due = (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1
         logs = pipe.gather_object([r for r in pipe.head_log if epoch * G <= r.mb < (epoch + 1) * G])
-        images = pipe.gather_object(self.images_done)
         model = rt.model_for_eval() if due else None
 
         def record():
             log_records = [r for part in logs for r in part]
             lr = pipe.workers[0].optimizer.param_groups[0]["lr"]  # stage 0's (rank 0)
-            entry = epoch_record(epoch, log_records, lr, model, rt.data, self.tick_time, sum(images), rt.model.family)
+            # the epoch's own images over the time of the ticks since the last epoch's end (a pipeline's
+            # head is J - 1 minibatches ahead of stage 0's backward: counting what the head had seen
+            # gave a short run's last epoch no images)
+            images = sum(r.n for r in log_records)
+            entry = epoch_record(epoch, log_records, lr, model, rt.data, self.tick_time, images, rt.model.family)
             self.history.append(entry)
             runio.write_json(self.run_dir / runio.HISTORY, self.history)
             with tqdm.external_write_mode():  # above the progress bar, if there is one
