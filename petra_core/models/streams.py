@@ -27,14 +27,15 @@ def apply(fn: Callable[[Tensor], Tensor], a: Activation | None) -> Activation | 
     """``fn`` on every tensor of ``a`` (None stays None)."""
     if a is None:
         return None
-    return tuple([fn(t) for t in a]) if is_pair(a) else fn(a)  # a list: no generator resumed per tensor
+    # on the hot path of every tick: isinstance inline, a list (no generator resumed per tensor)
+    return tuple([fn(t) for t in a]) if isinstance(a, tuple) else fn(a)
 
 
 def tensors(a: Activation | None) -> tuple[Tensor, ...]:
     """The tensors of ``a``, in order (none for None)."""
     if a is None:
         return ()
-    return tuple(a) if is_pair(a) else (a,)
+    return tuple(a) if isinstance(a, tuple) else (a,)
 
 
 def nbytes(a: Activation | None) -> int:
