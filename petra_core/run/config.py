@@ -176,11 +176,7 @@ class RunConfig:
         ("replica0", "average", "both"),
     )
     # execution
-    device: str = _key(
-        "cpu",
-        "cpu or cuda (several visible GPUs: petra train starts one rank per GPU, see its --launch)",
-        ("cpu", "cuda"),
-    )
+    device: str = _key("cpu", "cpu or cuda (stages spread over the visible GPUs)", ("cpu", "cuda"))
     threads: int | None = _key(None, "torch CPU threads (default: torch's choice)")
     prefetch: int | None = _key(
         None,
