@@ -81,6 +81,9 @@ def cmd_train(args) -> int:
     from .run.trainer import Diverged, Interrupted, train
     from .workflow.grid import default_run_dir
 
+    plan = launch_plan(args, cfg)
+    if plan.ranks:
+        return start_ranks(args, cfg, plan)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
     distributed = cfg.runtime == "distributed"
     if distributed and "WORLD_SIZE" not in os.environ:
@@ -89,7 +92,7 @@ def cmd_train(args) -> int:
         raise ConfigError(
             "runtime=distributed runs one process per rank: launch it with torchrun, e.g. "
             + torchrun_command(train_args(args))
-            + " (N ranks: --nproc-per-node=N)"
+            + " (N ranks: --nproc-per-node=N), or let petra start them: petra train ... --ranks N"
         )
     rank = int(os.environ.get("RANK", "0")) if distributed else 0
 
@@ -122,6 +125,45 @@ def cmd_train(args) -> int:
             f"{metrics['images_per_s']:.0f} images/s"
         )
     return 0
+
+
+def launch_plan(args, cfg):
+    """How this ``petra train`` runs (``run/launcher.py``): here, or as ranks it starts itself."""
+    from .run.launcher import LaunchPlan, plan_launch, stage_count
+
+    under_torchrun = "WORLD_SIZE" in os.environ
+    if args.launch == "process" and args.ranks is None:
+        return LaunchPlan(0)
+    gpus = 0
+    if cfg.device == "cuda":
+        import torch
+
+        gpus = torch.cuda.device_count()
+    return plan_launch(
+        args.launch,
+        args.ranks,
+        device=cfg.device,
+        gpus=gpus,
+        stages=stage_count(cfg.arch, cfg.width),
+        replicas=cfg.replicas,
+        under_torchrun=under_torchrun,
+    )
+
+
+def start_ranks(args, cfg, plan) -> int:
+    """Train as ``plan.ranks`` local ranks (runtime=distributed, one per GPU on cuda) and return
+    their exit status; this process only waits and passes signals on."""
+    from .run.launcher import run_ranks
+
+    how = "one per GPU, NCCL" if cfg.device == "cuda" else "gloo"
+    if plan.note:
+        print(f"petra: {plan.note}", file=sys.stderr)
+    print(
+        f"petra: starting {plan.ranks} ranks on this machine ({how}); --launch process trains in this one process",
+        file=sys.stderr,
+    )
+    rest = train_args(args)[len(args.config) :]
+    return run_ranks(["train", *args.config, "runtime=distributed", *rest], plan.ranks)
 
 
 def distributed_exit(err: Exception, say) -> int:
@@ -198,6 +240,23 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoints/..., which DVC versions, see petra store)",
     )
     p.add_argument("--help-config", action="store_true", help="list every config key with default and meaning")
+    p.add_argument(
+        "--launch",
+        choices=("auto", "process", "ranks"),
+        default="auto",
+        help="how the run is run: process (this one process: the simulator, its stages spread over "
+        "the visible GPUs), ranks (petra starts one rank per GPU itself, runtime=distributed on NCCL, "
+        "and waits for them, passing Ctrl-C/SIGTERM on) or auto (default: ranks with device=cuda and "
+        "more than one visible GPU, or with --ranks; else process). Under torchrun each process is one "
+        "rank whatever this says",
+    )
+    p.add_argument(
+        "--ranks",
+        type=int,
+        metavar="N",
+        help="the number of ranks --launch ranks starts (default: one per visible GPU; device=cpu: "
+        "required, gloo ranks on this machine); the model needs at least N / replicas stages",
+    )
     p.add_argument(
         "--fault-at",
         metavar="RANK:TICK[:SIGNAL],...",

@@ -372,3 +372,25 @@ def test_a_receiver_waits_for_a_header_with_a_deadline_not_forever():
             return self.queries >= 3
 
     wait_for(Later(), 5.0, "anything")  # returns as soon as the event completes
+
+
+def test_a_receive_that_never_lands_times_out_naming_the_edge_and_peer():
+    """The NCCL receiver polls its events with a deadline (never an unbounded tolist() or stream
+    wait); the error names the minibatch, the edge and the peer rank (a never-completing stand-in
+    for the CUDA event: the wait itself is device-independent)."""
+    from petra_core.engine.distributed.transport import _Edge, _Receiver, wait_for
+    from petra_core.engine.distributed.wire import FORWARD
+
+    class Never:
+        def query(self):
+            return False
+
+    rx = _Receiver(_Edge(FORWARD, 4, 5, 1, None), torch.device("cpu"), None, timeout=0.05)
+    try:
+        with pytest.raises(TimeoutError) as err:
+            wait_for(Never(), 0.05, f"the header of minibatch 3 {rx.edge_name}")
+    finally:
+        rx.stop()
+    assert str(err.value) == (
+        "the header of minibatch 3 on the forward edge stage 4 -> stage 5 from rank 1 did not arrive within 0.05 s"
+    )

@@ -223,3 +223,40 @@ def test_replicas_that_do_not_divide_the_ranks_are_refused(tmp_path):
     )
     assert all(p.returncode == 2 for p in procs), [p.err for p in procs]
     assert "petra: error: replicas=3 must divide the number of ranks (2)" in procs[0].err
+
+
+@pytest.mark.slow
+def test_petra_train_starts_its_own_ranks_and_matches_the_simulator(tmp_path, simulated, capfd):
+    """``petra train --ranks 2`` (the path it takes by itself with 2 GPUs; here gloo on CPU) starts
+    2 ranks with runtime=distributed, waits for them, and ends with the simulator's run bit for bit."""
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--ranks", "2", "--run-dir", str(run)]) == 0
+    err = capfd.readouterr().err
+    assert "petra: starting 2 ranks on this machine (gloo)" in err, err
+    assert_same_run(run, simulated)
+    env = json.loads((run / "env.json").read_text())
+    assert env["runtime"] == "distributed" and env["world_size"] == 2 and env["backend"] == "gloo"
+
+
+@pytest.mark.slow
+def test_sigterm_to_petra_train_stops_its_ranks_with_a_checkpoint(tmp_path):
+    """The launching process passes SIGTERM on: every rank stops at the same tick with a checkpoint,
+    and the launch exits with the ranks' status (130)."""
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    long = [*TINY, "epochs=40"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "petra_core.cli", "train", *long, "--ranks", "2", "--run-dir", str(run)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 90
+    while not (run / "history.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the first epoch's record: both ranks are training
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, err
+    assert "petra: stopped: SIGTERM (rank " in err and "checkpoint written to" in err, err
+    assert runio.load_checkpoint(run / "checkpoint.pt")["world_size"] == 2

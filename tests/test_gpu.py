@@ -9,6 +9,8 @@ run where CUDA is visible (``pytest -m gpu``) and are skipped, with the reason, 
 * the zero-staleness oracle holds on CUDA for every method;
 * with 2 or more GPUs: stages are placed in contiguous blocks, and two GPUs run a tick faster
   than one (their work overlaps); the NCCL pipeline on 2 ranks equals the simulator;
+  the one-process simulator on 2 GPUs equals the 1-GPU run bit for bit; ``petra train device=cuda``
+  starts one NCCL rank per GPU by itself and ends like the 1-GPU run;
 * no host synchronisation inside a tick (``torch.cuda.set_sync_debug_mode("error")``);
 * replaying a plain RevNet18 step as one CUDA graph beats eager (``benchmarks/probes/gpu_limit.py``).
 
@@ -654,3 +656,46 @@ def test_the_first_contact_script_stops_within_its_budget(tmp_path):
     assert [r[0] for r in rows] == FIRST_CONTACT_PARTS
     assert all(r[1] == "skipped" for r in rows) and "budget is spent" in out.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["first_contact.tar.gz", "status.tsv"]
+
+
+def _cuda_run(tmp_path, name, *extra, env=None):
+    """A tiny ``petra train device=cuda`` run in a fresh process; its final model."""
+    import os
+    import subprocess
+
+    from conftest import argv, tiny_run
+
+    from petra_core.run import runio
+
+    run = tmp_path / name
+    config = argv(tiny_run(synthetic_train=128, synthetic_test=64, batch_size=16, k=2, method="petra"))
+    cmd = [sys.executable, "-m", "petra_core.cli", "train", *config, "device=cuda", *extra, "--run-dir", str(run)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return runio.load_checkpoint(run / "checkpoint.pt")["model"], out.stderr
+
+
+@pytest.mark.slow
+@multi_gpu
+def test_the_simulator_on_two_gpus_equals_one_gpu_bit_for_bit(tmp_path):
+    """One process, stages on 2 GPUs (messages copied between them on copy streams, handed over with
+    events; labels from the host straight to the head's GPU): the same bits as on one GPU
+    (deterministic algorithms, the same kernels on both)."""
+    one, _ = _cuda_run(tmp_path, "one", "--launch", "process", env={"CUDA_VISIBLE_DEVICES": "0"})
+    two, _ = _cuda_run(tmp_path, "two", "--launch", "process", env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    differ = [k for k in one if not torch.equal(one[k], two[k])]
+    assert not differ, f"{len(differ)} tensors differ, e.g. {differ[:3]}"
+
+
+@pytest.mark.slow
+@multi_gpu
+def test_petra_train_on_two_gpus_starts_one_nccl_rank_per_gpu(tmp_path):
+    """With 2 GPUs ``petra train device=cuda`` starts 2 ranks on NCCL by itself; the run ends like
+    the one-GPU simulator's (to 1e-6: NCCL ranks are separate processes, not asserted bit-exact)."""
+    one, _ = _cuda_run(tmp_path, "one", env={"CUDA_VISIBLE_DEVICES": "0"})
+    ranks, err = _cuda_run(tmp_path, "ranks", env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert "petra: starting 2 ranks on this machine (one per GPU, NCCL)" in err, err
+    env = json.loads((tmp_path / "ranks" / "env.json").read_text())
+    assert env["backend"] == "nccl" and env["world_size"] == 2
+    for name, a in one.items():
+        assert torch.allclose(a.float(), ranks[name].float(), rtol=1e-6, atol=1e-7), name

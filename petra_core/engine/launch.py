@@ -1,7 +1,8 @@
 """Starting and ending the processes of a distributed run.
 
 :func:`init_distributed` joins the process group from torchrun's environment; :func:`launch_local`
-starts N ranks on this machine without torchrun (tests, benchmarks);
+starts N ranks on this machine without torchrun and waits for them (tests, benchmarks;
+:func:`start_local` only starts them: ``petra train --launch ranks`` waits itself, forwarding signals);
 :func:`fail` ends a rank at once after a failure (no hanging in teardown).
 """
 
@@ -119,6 +120,33 @@ def wait_for(procs: list[subprocess.Popen], timeout: float | None) -> None:
         time.sleep(0.02)
 
 
+def start_local(
+    argv: Sequence[str],
+    nprocs: int,
+    *,
+    timeout: float | None = None,
+    env: dict | None = None,
+    capture: bool = False,
+    module: str = "petra_core.cli",
+    script: str | None = None,
+) -> tuple[dist.TCPStore, list[subprocess.Popen]]:
+    """Start ``python -m MODULE ARGV`` (or ``python SCRIPT ARGV``) as ``nprocs`` ranks on 127.0.0.1;
+    returns the rendezvous store this process hosts (keep it until the ranks have exited) and the
+    processes. With ``capture`` their output is piped (see :func:`capture_output`)."""
+    store = dist.TCPStore(
+        "127.0.0.1", 0, nprocs, True, datetime.timedelta(seconds=max(timeout or 0, 600)), wait_for_workers=False
+    )
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) if capture else {}
+    program = [script] if script is not None else ["-m", module]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *program, *argv], env=rank_environment(rank, nprocs, store.port, env), **pipes
+        )
+        for rank in range(nprocs)
+    ]
+    return store, procs
+
+
 def launch_local(
     argv: Sequence[str],
     nprocs: int,
@@ -138,17 +166,7 @@ def launch_local(
     running after ``timeout`` seconds are killed. With ``capture`` each process gets ``.out`` and
     ``.err`` (its output); every process gets ``.ended`` (time.monotonic() when it exited).
     """
-    store = dist.TCPStore(
-        "127.0.0.1", 0, nprocs, True, datetime.timedelta(seconds=max(timeout or 0, 600)), wait_for_workers=False
-    )
-    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) if capture else {}
-    program = [script] if script is not None else ["-m", module]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, *program, *argv], env=rank_environment(rank, nprocs, store.port, env), **pipes
-        )
-        for rank in range(nprocs)
-    ]
+    store, procs = start_local(argv, nprocs, timeout=timeout, env=env, capture=capture, module=module, script=script)
     readers = capture_output(procs) if capture else []
     wait_for(procs, timeout)
     for th in readers:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -71,11 +72,24 @@ class _Receiver:
     """Receives the messages of one incoming edge, in the order requested, in a background thread
     (on a side stream on CUDA, with an event for the consumer to wait on)."""
 
-    def __init__(self, edge: _Edge, device: torch.device, stats: TransportStats, timeout: float = DEFAULT_TIMEOUT):
+    def __init__(
+        self,
+        edge: _Edge,
+        device: torch.device,
+        stats: TransportStats,
+        timeout: float = DEFAULT_TIMEOUT,
+        issue=contextlib.nullcontext(),
+    ):
         self.edge, self.device, self.stats, self.timeout = edge, device, stats, timeout
+        self.issue = issue  # held while posting operations (NCCL: one thread at a time, DistributedTransport)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"petra-recv-{DIRECTION[edge.direction]}-{edge.dst}")
         self.pending: deque[tuple[int, Future]] = deque()  # requested and not yet handed over
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    @property
+    def edge_name(self) -> str:
+        e = self.edge
+        return f"on the {DIRECTION[e.direction]} edge stage {e.src} -> stage {e.dst} from rank {e.peer}"
 
     def request(self, mb: int) -> None:
         self.pending.append((mb, self.pool.submit(self._receive, mb)))
@@ -89,12 +103,14 @@ class _Receiver:
             torch.cuda.set_device(self.device)
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             header = torch.empty(HEADER, dtype=torch.int64, device=self.device)
-            dist.irecv(header, e.peer, group=e.group).wait()
+            with self.issue:
+                work = dist.irecv(header, e.peer, group=e.group)
+            work.wait()  # gloo: blocks, bounded by the group's timeout; NCCL: only orders the stream
             t0 = time.perf_counter()
-            if self.stream is not None:  # NCCL's wait() only orders the stream: never block in tolist()
+            if self.stream is not None:  # never block in tolist(): poll with a deadline
                 arrived = torch.cuda.Event()
                 arrived.record(self.stream)
-                wait_for(arrived, self.timeout, f"the header of minibatch {mb} from rank {e.peer}")
+                wait_for(arrived, self.timeout, f"the header of minibatch {mb} {self.edge_name}")
             h = header.tolist()
             if h[0] != MAGIC or h[1] != e.direction:
                 raise ProtocolError(f"corrupt message header from rank {e.peer}: {h[:3]}")
@@ -105,12 +121,15 @@ class _Receiver:
             slots = [s for s in slots if s is not None]
             if len(slots) != sum(kinds):
                 raise ProtocolError(f"header from rank {e.peer} announces fields {kinds} but {len(slots)} tensors")
-            for work in [dist.irecv(s[0], e.peer, group=e.group) for s in slots]:
+            with self.issue:
+                works = [dist.irecv(s[0], e.peer, group=e.group) for s in slots]
+            for work in works:
                 work.wait()
             event = None
-            if self.stream is not None:
+            if self.stream is not None:  # handed over complete: the consumer's stream never waits unbounded
                 event = torch.cuda.Event()
                 event.record(self.stream)
+                wait_for(event, self.timeout, f"the tensors of minibatch {mb} {self.edge_name}")
         self.stats.background_recv_s += time.perf_counter() - t0
         self.stats.bytes_received += sum(s[0].numel() * s[0].element_size() for s in slots)
         return make_message(e.direction, mb, *unflatten(kinds, [restore_layout(*s) for s in slots])), event
@@ -161,6 +180,11 @@ class DistributedTransport:
         self.sends: deque = deque()  # (tick, edge, mb, works, tensors)
         self.tick = -1
         self.backend = dist.get_backend() if dist.is_initialized() else "gloo"
+        # NCCL forbids issuing operations from several threads at once, even on independent
+        # communicators of one device (NCCL's "Thread Safety"): the main thread's sends and each
+        # receiver thread's receives are posted under one lock (gloo is thread-safe: none)
+        issue = threading.Lock() if self.backend == "nccl" else contextlib.nullcontext()
+        self.issue = issue
         J, lo, hi = schedule.num_stages, self.mine.start, self.mine.stop - 1
         rank, nxt, prev = self.rank, rank_of(self.position + 1), rank_of(self.position - 1)
         self.out: dict[int, _Edge] = {}  # by direction
@@ -169,12 +193,12 @@ class DistributedTransport:
             self.out[FORWARD] = _Edge(FORWARD, hi, hi + 1, nxt, groups[FORWARD, rank])
         if hi + 1 < J and backward:
             self.receivers[BACKWARD] = _Receiver(
-                _Edge(BACKWARD, hi + 1, hi, nxt, groups[BACKWARD, nxt]), self.device, self.stats, timeout
+                _Edge(BACKWARD, hi + 1, hi, nxt, groups[BACKWARD, nxt]), self.device, self.stats, timeout, issue
             )
         if lo > 0:
             self.out[BACKWARD] = _Edge(BACKWARD, lo, lo - 1, prev, groups[BACKWARD, rank])
             self.receivers[FORWARD] = _Receiver(
-                _Edge(FORWARD, lo - 1, lo, prev, groups[FORWARD, prev]), self.device, self.stats, timeout
+                _Edge(FORWARD, lo - 1, lo, prev, groups[FORWARD, prev]), self.device, self.stats, timeout, issue
             )
         self.ready: dict[int, deque] = {direction: deque() for direction in self.receivers}  # received, unconsumed
         self._open(backward)
@@ -256,7 +280,8 @@ class DistributedTransport:
             header = header.pin_memory().to(self.device, non_blocking=True)
         tensors = [header] + [t for _, t in wired if t is not None]
         try:
-            works = [dist.isend(t, edge.peer, group=edge.group) for t in tensors]
+            with self.issue:
+                works = [dist.isend(t, edge.peer, group=edge.group) for t in tensors]
         except Exception as err:  # noqa: BLE001
             raise self._send_error(edge, mb, err) from err
         self.sends.append((self.tick, edge, mb, works, tensors))
