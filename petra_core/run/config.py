@@ -176,7 +176,12 @@ class RunConfig:
         ("replica0", "average", "both"),
     )
     # execution
-    device: str = _key("cpu", "cpu or cuda (stages spread over the visible GPUs)", ("cpu", "cuda"))
+    device: str = _key(
+        "cpu",
+        "cpu or cuda; with more than one visible GPU, petra train starts one rank per GPU (--launch ranks, "
+        "docs/distributed.md); in one process (--launch process) the stages spread over the visible GPUs",
+        ("cpu", "cuda"),
+    )
     threads: int | None = _key(None, "torch CPU threads (default: torch's choice)")
     prefetch: int | None = _key(
         None,
