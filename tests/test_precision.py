@@ -130,3 +130,14 @@ def test_a_bf16_run_records_its_precision_and_flags(tmp_path):
     assert env["tf32_matmul"] is False and env["deterministic_algorithms"] is True
     assert {"cpu_model", "cpu_capability", "torch_threads"} <= env.keys()
     assert "precision: bf16" in (tmp_path / "run" / "config.yaml").read_text()
+
+
+def test_precision_defaults_to_bf16_on_cuda_and_fp32_elsewhere():
+    """Unset, a GPU run computes in bf16 (fp32 leaves a GPU waiting for the host); a CPU run in
+    fp32, as every committed record was made; a value given is kept, and is what a record says."""
+    from petra_core.run.config import RunConfig
+
+    assert RunConfig.from_dict({}).precision == "fp32"
+    assert RunConfig.from_dict({"device": "cuda"}).precision == "bf16"
+    assert RunConfig.from_dict({"device": "cuda", "precision": "fp32"}).precision == "fp32"
+    assert RunConfig.from_dict(RunConfig.from_dict({"device": "cuda"}).to_dict()).precision == "bf16"

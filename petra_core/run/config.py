@@ -198,7 +198,7 @@ class RunConfig:
         "fp32",
         "numeric precision of the stages' compute: fp32 (strict, TF32 off), tf32 (TF32 matmuls "
         "and convolutions on CUDA) or bf16 (autocast; weights, gradients and the activations "
-        "stages send stay float32)",
+        "stages send stay float32); unset: bf16 with device=cuda, fp32 otherwise",
         _names("PRECISIONS"),
     )
     phases: str = _key(
@@ -243,6 +243,8 @@ class RunConfig:
             close = difflib.get_close_matches(unknown[0], known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"unknown config key {unknown[0]!r}{hint}; allowed: {', '.join(known)}")
+        if "precision" not in values:  # bf16 on a GPU, where fp32 leaves it waiting for the host
+            values = {**values, "precision": "bf16" if values.get("device") == "cuda" else "fp32"}
         hints = typing.get_type_hints(cls)
         cfg = cls(
             **{
