@@ -126,13 +126,22 @@ class StaticCall:
     in, ``fn`` run (``graphs``: after ``warmup`` eager calls, captured once and replayed), the
     outputs cloned out, so a caller may keep them while the next call overwrites the buffers."""
 
-    def __init__(self, fn: Callable[[list], list], *, graphs: bool, name: str, warmup: int = WARMUP_CALLS):
-        self.fn, self.graphs, self.name, self.warmup = fn, graphs, name, warmup
+    def __init__(
+        self,
+        fn: Callable[[list], list],
+        *,
+        graphs: bool,
+        name: str,
+        device: torch.device | None = None,
+        warmup: int = WARMUP_CALLS,
+    ):
+        """``device``: where ``fn`` runs (``graphs``: a CUDA device, whose streams it uses)."""
+        self.fn, self.graphs, self.name, self.warmup, self.device = fn, graphs, name, warmup, device
         self.slot: _Slot | None = None  # the first signature's: the run's static shape
         self.signature: tuple = ()
         self.key: tuple = ()
         self.unbuffered = 0  # calls with another signature (a last partial batch), run directly
-        self.stream = torch.cuda.Stream() if graphs else None  # warm-up and capture
+        self.stream = torch.cuda.Stream(device) if graphs else None  # warm-up and capture, on fn's device
 
     def reset(self) -> None:
         """Forget the buffers and the graph (after a load replaced the tensors the graph read)."""
@@ -157,15 +166,16 @@ class StaticCall:
         elif slot.graph is None and slot.calls <= self.warmup:
             outputs = self._on_side_stream(slot)
         else:
-            if slot.graph is None:
-                slot.graph, slot.outputs = self._capture(slot)
-            slot.graph.replay()
+            with torch.cuda.device(self.device):  # a graph replays on its device's current stream
+                if slot.graph is None:
+                    slot.graph, slot.outputs = self._capture(slot)
+                slot.graph.replay()
             outputs = slot.outputs
         return [None if t is None else t.clone() for t in outputs]
 
     def _on_side_stream(self, slot: _Slot) -> list[Tensor | None]:
         """An eager call on the stream the capture will use, ordered with the caller's stream both ways."""
-        caller = torch.cuda.current_stream()
+        caller = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(caller)
         with torch.cuda.stream(self.stream):
             outputs = self.fn(slot.inputs)
@@ -191,7 +201,7 @@ def _flat(a: Activation | None, n: int) -> list[Tensor | None]:
 
 
 def _unflat(ts: list, pair: bool) -> Activation | None:
-    if None in ts:
+    if any([t is None for t in ts]):
         return None
     return tuple(ts) if pair else ts[0]
 
@@ -202,9 +212,10 @@ class StaticPhases:
     def __init__(self, worker: StageWorker, *, graphs: bool):
         self.worker = worker
         j = worker.index
-        self.forward_call = StaticCall(self._forward, graphs=graphs, name=f"stage {j} forward")
-        self.backward_call = StaticCall(self._backward, graphs=graphs, name=f"stage {j} backward")
-        self.step_call = StaticCall(self._step, graphs=graphs, name=f"stage {j} step")
+        d = worker.device
+        self.forward_call = StaticCall(self._forward, graphs=graphs, name=f"stage {j} forward", device=d)
+        self.backward_call = StaticCall(self._backward, graphs=graphs, name=f"stage {j} backward", device=d)
+        self.step_call = StaticCall(self._step, graphs=graphs, name=f"stage {j} step", device=d)
         self.grads: list[Tensor] = []
         self.prepare()
 
