@@ -25,6 +25,21 @@ WARM = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=False, warmup_epochs=1.0
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+@pytest.fixture
+def deterministic_gpu():
+    """Deterministic kernels for a bit-for-bit comparison of two GPU runs (cuDNN's nondeterministic
+    algorithms would part two runs of the same code), restored after."""
+    from petra_core.precision import numerics, set_numerics
+
+    saved = numerics()
+    set_numerics("fp32", True)
+    yield
+    torch.use_deterministic_algorithms(saved["deterministic_algorithms"], warn_only=True)
+    torch.backends.cudnn.deterministic = saved["cudnn_deterministic"]
+    torch.backends.cudnn.benchmark = saved["cudnn_benchmark"]
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved["tf32_matmul"], saved["tf32_cudnn"]
+
+
 def _pipeline(model, batches, method, phases, *, k=1, recipe=LR, precision="fp32", device="cpu"):
     return Pipeline.build(
         PipelineSpec(
@@ -160,7 +175,7 @@ def test_a_static_call_copies_in_and_clones_out():
 @cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("method,k,recipe", [("petra", 1, LR), ("petra", 2, WARM), ("dsp", 1, LR)])
-def test_graphs_give_the_bits_of_static_phases_on_a_gpu(method, k, recipe):
+def test_graphs_give_the_bits_of_static_phases_on_a_gpu(method, k, recipe, deterministic_gpu):
     static = _train(method, "static", device="cuda", k=k, recipe=recipe, n=12, last_batch=4)
     graphs = _train(method, "graphs", device="cuda", k=k, recipe=recipe, n=12, last_batch=4)
     _assert_same_bits(static, graphs)
@@ -169,14 +184,14 @@ def test_graphs_give_the_bits_of_static_phases_on_a_gpu(method, k, recipe):
 
 @cuda
 @pytest.mark.gpu
-def test_graphed_runs_resume_with_the_bits_of_an_uninterrupted_one_on_a_gpu():
+def test_graphed_runs_resume_with_the_bits_of_an_uninterrupted_one_on_a_gpu(deterministic_gpu):
     whole = _train("petra", "graphs", device="cuda", n=12)
     _assert_same_bits(whole, _train("petra", "graphs", device="cuda", n=12, interrupt_at=14))
 
 
 @cuda
 @pytest.mark.gpu
-def test_static_phases_on_a_gpu_give_the_bits_of_eager_ones_or_say_which_differ():
+def test_static_phases_on_a_gpu_give_the_bits_of_eager_ones_or_say_which_differ(deterministic_gpu):
     """On a GPU the fused optimizer's kernel is not the eager foreach one: equal bits are expected,
     and a difference is reported by name (the graphed path is proved against static above)."""
     _assert_same_bits(_train("petra", "eager", device="cuda"), _train("petra", "static", device="cuda"))
