@@ -65,8 +65,7 @@ def check_phases(phases: str, method: Method, *, replicas: int, device: torch.de
         raise ValueError(f"phases={phases!r} is not allowed; allowed: {', '.join(PHASES)}")
     if phases == "eager":
         return phases
-    policies = (method.reversible, method.other)
-    if not all(p.static for p in policies) or method.head is not KeepGraph:
+    if not runs_static(method):
         allowed = ", ".join(static_methods())
         raise ValueError(
             f"phases={phases!r} runs methods whose stages keep their input or nothing ({allowed}); "
@@ -79,15 +78,17 @@ def check_phases(phases: str, method: Method, *, replicas: int, device: torch.de
     return phases
 
 
+def runs_static(method: Method) -> bool:
+    """Can static phases run ``method``? Its stages' policies split bookkeeping from compute, and
+    its head keeps its graph within the tick (which ``KeepInputForHead`` then builds at the backward)."""
+    return method.reversible.static and method.other.static and method.head is KeepGraph
+
+
 def static_methods() -> list[str]:
     """The methods static phases can run."""
     from ..methods import METHODS
 
-    return [
-        m.name
-        for m in METHODS.values()
-        if m.reversible.static and m.other.static and m.head is KeepGraph and not m.needs_aux
-    ]
+    return [m.name for m in METHODS.values() if runs_static(m)]
 
 
 def static_storage(policy: StoragePolicy, *, last: bool) -> StoragePolicy:
@@ -200,10 +201,11 @@ def _flat(a: Activation | None, n: int) -> list[Tensor | None]:
     return [None] * n if a is None else list(streams.tensors(a))
 
 
-def _unflat(ts: list, pair: bool) -> Activation | None:
+def _unflat(ts: list) -> Activation | None:
+    """The activation of ``ts``: a pair of streams for two tensors, one tensor for one."""
     if any([t is None for t in ts]):
         return None
-    return tuple(ts) if pair else ts[0]
+    return tuple(ts) if len(ts) > 1 else ts[0]
 
 
 class StaticPhases:
@@ -217,11 +219,12 @@ class StaticPhases:
         self.backward_call = StaticCall(self._backward, graphs=graphs, name=f"stage {j} backward", device=d)
         self.step_call = StaticCall(self._step, graphs=graphs, name=f"stage {j} step", device=d)
         self.grads: list[Tensor] = []
+        self._counts = (0, 0)  # tensors of the backward's start and gradient, set before each call
         self.prepare()
 
     def prepare(self) -> None:
-        """Gradients allocated once (zeros in each parameter's layout; loaded ones kept), the fused
-        optimizer with device learning rates; the graphs forgotten (they read the old tensors)."""
+        """Gradients allocated once (zeros in each parameter's layout; loaded ones kept); the graphs
+        forgotten (they read the old tensors)."""
         w = self.worker
         params = [p for p in w.params if p.requires_grad]
         for p in params:
@@ -243,28 +246,28 @@ class StaticPhases:
         w.storage.forward_record(mb, x)
         if w.is_last:
             return None
-        self._pair_in = streams.is_pair(x)
-        out = self.forward_call(_flat(x, 0))
-        return _unflat(out, len(out) > 1)
+        return _unflat(self.forward_call(_flat(x, 0)))
 
     def backward(self, mb: int, received: Activation | None, grad: Activation | None, labels: Tensor | None):
         """Rebuild and backpropagate ``mb``; (the input's gradient, the rebuilt input, the head's loss
         and sums), each None where there is none."""
         w = self.worker
         start = w.storage.backward_start(mb, received)
-        n_start = len(streams.tensors(start))
-        n_grad = 0 if grad is None else len(streams.tensors(grad))
-        self._shape = (streams.is_pair(start), n_start, streams.is_pair(grad) if grad is not None else False, n_grad)
+        n = len(streams.tensors(start))
+        self._counts = (n, len(streams.tensors(grad)))  # how _backward splits its flat inputs
         out = self.backward_call([*streams.tensors(start), *streams.tensors(grad), labels])
-        n = n_start
-        input_grad = _unflat(out[:n], n > 1) if w.input_grad else None
-        input_value = _unflat(out[n : 2 * n], n > 1) if w.send_input_back else None
+        input_grad = _unflat(out[:n]) if w.input_grad else None
+        input_value = _unflat(out[n : 2 * n]) if w.send_input_back else None
         loss, sums = out[2 * n], out[2 * n + 1]
         return input_grad, input_value, loss, sums
 
-    def step(self) -> None:
-        """The optimizer's step, and the gradients zeroed: a graph per set of learning rates."""
-        self.step_call(key=tuple([group["lr"] for group in self.worker.optimizer.param_groups]))
+    def step(self, apply: bool = True) -> None:
+        """The optimizer's step (a graph per set of learning rates), and the gradients zeroed;
+        ``apply`` False (a replica rule's choice): only the zeroing."""
+        if apply:
+            self.step_call(key=tuple([group["lr"] for group in self.worker.optimizer.param_groups]))
+        else:
+            self.zero_grads()
 
     def zero_grads(self) -> None:
         if self.grads:
@@ -273,16 +276,16 @@ class StaticPhases:
     # ---- the compute each phase runs (what a graph captures) -------------------------------------
     def _forward(self, inputs: list) -> list:
         w = self.worker
-        x = _unflat(inputs, self._pair_in)
+        x = _unflat(inputs)
         with compute(w.precision, w.device):
             y = w.storage.forward_compute(w.stage, x)
         return list(streams.tensors(streams.apply(widen, y)))
 
     def _backward(self, inputs: list) -> list:
         w = self.worker
-        pair_start, n_start, pair_grad, n_grad = self._shape
-        start = _unflat(inputs[:n_start], pair_start)
-        grad = _unflat(inputs[n_start : n_start + n_grad], pair_grad) if n_grad else None
+        n_start, n_grad = self._counts
+        start = _unflat(inputs[:n_start])
+        grad = _unflat(inputs[n_start : n_start + n_grad]) if n_grad else None
         labels = inputs[n_start + n_grad]
         with compute(w.precision, w.device):
             graph = w.storage.graph_from(w.stage, start, input_grad=w.input_grad)

@@ -211,21 +211,19 @@ class StageWorker:
         learning-rate schedule still advances."""
         if self.pending == 0:
             return
-        if apply:
-            if self.phases is not None:
-                self.phases.step()
-            else:
+        if self.phases is not None:  # the step and the gradients' zeroing on fixed buffers
+            self.phases.step(apply)
+        else:
+            if apply:
                 self.optimizer.step()
+            for p in self.params:  # the optimizer's zero_grad(set_to_none=True), without its wrapper (0.02 ms a stage)
+                p.grad = None
+        if apply:
             self.scheduler.step()
         else:
             with warnings.catch_warnings():  # torch warns of a schedule stepped before its optimizer
                 warnings.simplefilter("ignore", UserWarning)
                 self.scheduler.step()
-            if self.phases is not None:
-                self.phases.zero_grads()
-        if self.phases is None:
-            for p in self.params:  # the optimizer's zero_grad(set_to_none=True), without its wrapper (0.02 ms a stage)
-                p.grad = None
         self.steps += 1
         self.pending = 0
 
