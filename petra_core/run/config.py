@@ -51,6 +51,7 @@ def _registry(name: str) -> dict:
     """The registries whose live names a key allows, imported on first use: they import torch, and
     a typo in a config must be answered before that (``petra train bad_key=1`` in a blink)."""
     from ..data.sources import DATASETS, SOURCES
+    from ..engine.phases import PHASES
     from ..methods import METHODS
     from ..models.aux_heads import AUX_HEADS
     from ..models.specs import ARCHS
@@ -64,6 +65,7 @@ def _registry(name: str) -> dict:
         "DATASETS": DATASETS,
         "METHODS": METHODS,
         "OPTIMIZERS": OPTIMIZERS,
+        "PHASES": PHASES,
         "PRECISIONS": PRECISIONS,
         "REPLICA_RULES": REPLICA_RULES,
         "SOURCES": SOURCES,
@@ -207,7 +209,7 @@ class RunConfig:
         "replays; the same bits) or graphs (static, captured as CUDA graphs and replayed: little host "
         "work per tick; cuda only); static and graphs run petra, dsp and revbackprop with one replica "
         "(docs/gpu.md)",
-        ("eager", "static", "graphs"),
+        _names("PHASES"),
     )
     deterministic: bool = _key(
         True,
