@@ -47,6 +47,7 @@ peak memory, and every method's step time over plain's (``backprop_over_plain``,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -102,6 +103,16 @@ def restore_settings(saved: tuple) -> None:
         torch.backends.cudnn.allow_tf32,
         torch.backends.cuda.matmul.allow_tf32,
     ) = saved[2:]
+
+
+@contextlib.contextmanager
+def kept_settings():
+    """The process-wide flags a setting changes, restored on the way out whatever was set inside."""
+    saved = current_settings()
+    try:
+        yield
+    finally:
+        restore_settings(saved)
 
 
 def apply_settings(name: str) -> str:
@@ -474,11 +485,8 @@ def main(argv=None) -> dict:
         "rows": [],
         "ratios": [],
     }
-    saved = current_settings()
-    try:
+    with kept_settings():
         rows_for_every_setting(args, configs, device, path, out)
-    finally:
-        restore_settings(saved)
     print(json.dumps(out["ratios"], indent=1))
     print(f"wrote {path}")
     return out

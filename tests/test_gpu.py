@@ -467,24 +467,20 @@ def test_a_phase_clock_on_a_gpu_times_the_device_not_the_launches():
 
 @gpu_lane
 def test_phase_times_of_a_pipeline_on_a_gpu_add_up_to_at_most_its_synced_time():
-    with benchmark("bench_gpu") as bench_gpu:
-        saved = bench_gpu.current_settings()
-        try:
-            precision = bench_gpu.apply_settings("fastest")
-            row = bench_gpu.measure(
-                "revnet18",
-                "cifar",
-                32,
-                10,
-                "petra",
-                device=torch.device("cuda", 0),
-                width=64,
-                batch=64,
-                timed=6,
-                precision=precision,
-            )
-        finally:
-            bench_gpu.restore_settings(saved)
+    with benchmark("bench_gpu") as bench_gpu, bench_gpu.kept_settings():
+        precision = bench_gpu.apply_settings("fastest")
+        row = bench_gpu.measure(
+            "revnet18",
+            "cifar",
+            32,
+            10,
+            "petra",
+            device=torch.device("cuda", 0),
+            width=64,
+            batch=64,
+            timed=6,
+            precision=precision,
+        )
     device_ms = sum(sum(s.values()) for s in row["stage_device_ms"])
     synced_ms = 1e3 * row["s_per_batch"]
     assert 0.05 * synced_ms < device_ms < 1.1 * synced_ms, (device_ms, synced_ms)
@@ -493,24 +489,20 @@ def test_phase_times_of_a_pipeline_on_a_gpu_add_up_to_at_most_its_synced_time():
 
 @gpu_lane
 def test_the_plain_loop_on_a_gpu_is_timed_like_the_engine():
-    with benchmark("bench_gpu") as bench_gpu:
-        saved = bench_gpu.current_settings()
-        try:
-            precision = bench_gpu.apply_settings("bf16")
-            row = bench_gpu.measure_plain(
-                "revnet18",
-                "cifar",
-                32,
-                10,
-                device=torch.device("cuda", 0),
-                width=64,
-                batch=64,
-                timed=6,
-                precision=precision,
-                channels_last=True,
-            )
-        finally:
-            bench_gpu.restore_settings(saved)
+    with benchmark("bench_gpu") as bench_gpu, bench_gpu.kept_settings():
+        precision = bench_gpu.apply_settings("bf16")
+        row = bench_gpu.measure_plain(
+            "revnet18",
+            "cifar",
+            32,
+            10,
+            device=torch.device("cuda", 0),
+            width=64,
+            batch=64,
+            timed=6,
+            precision=precision,
+            channels_last=True,
+        )
     assert row["host_s_per_batch"] > 0 and 0 < row["s_per_batch"] < 1.0 and row["device_peak_bytes"] > 0
     assert row["host_calls_per_tick"] > 100
 
