@@ -2,11 +2,13 @@
 
 * one torch thread for every test (tiny tensors on 2 shared cores run far faster so);
 * ``make_batches`` / ``make_model``: seeded random minibatches and a tiny staged model;
+* ``resumed``: a pipeline saved at a tick and loaded into a fresh model and pipeline, as a run resumes;
 * ``named_failed``: the ranks a distributed failure message names as failed (not as stopped);
 * ``tiny_run`` / ``argv``: a tiny ``petra train`` config on the synthetic task, as a dict or as
   ``key=value`` arguments; ``TIMING`` / ``untimed``: a run record without its wall-clock keys.
 """
 
+import io
 import re
 import socket
 
@@ -45,6 +47,22 @@ def make_model(arch="revnet18", dtype=torch.float32, seed=0, method=None, aux_he
     if aux_head is None and method is not None and METHODS[method].needs_aux:
         aux_head = "cnn"
     return build_model(arch, num_classes=5, width=4, aux_head=aux_head).to(dtype)
+
+
+def resumed(pipe, model, tick: int, fresh_model, pipeline):
+    """``pipe`` (training ``model``) run to ``tick``, saved through ``torch.save`` as a run saves it,
+    and loaded into ``fresh_model()`` (other weights, all replaced) and ``pipeline(model)``: the
+    resumed (model, pipeline)."""
+    pipe.run(ticks=tick)
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "pipeline": pipe.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=False)
+    model = fresh_model()
+    model.load_state_dict(saved["model"])
+    pipe = pipeline(model)
+    pipe.load_state_dict(saved["pipeline"])
+    return model, pipe
 
 
 # ---- tiny `petra train` runs -------------------------------------------------------------------------

@@ -1,12 +1,11 @@
 """Oracles for the methods run through the one stage algorithm (issue: methods + simulator)."""
 
 import copy
-import io
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import BeforeStep, batches_tracked, make_batches, make_model
+from conftest import BeforeStep, batches_tracked, make_batches, make_model, resumed
 
 from petra_core import METHODS, Pipeline, Recipe, Simulator, simulate
 from petra_core.batchnorm import frozen_running_stats
@@ -315,15 +314,7 @@ def _train(method, arch, n, k, *, observe=False, precision="fp32", channels_last
 
     pipe = pipeline(model)
     if interrupt_at is not None:
-        pipe.run(ticks=interrupt_at)
-        buffer = io.BytesIO()
-        torch.save({"model": model.state_dict(), "pipeline": pipe.state_dict()}, buffer)
-        buffer.seek(0)
-        saved = torch.load(buffer, weights_only=False)
-        model = make_model(arch, seed=1)  # other weights, all replaced by the checkpoint's
-        model.load_state_dict(saved["model"])
-        pipe = pipeline(model)
-        pipe.load_state_dict(saved["pipeline"])
+        model, pipe = resumed(pipe, model, interrupt_at, lambda: make_model(arch, seed=1), pipeline)
     pipe.run()
     return model.state_dict(), [r.loss for r in pipe.head_log], [w.joins_next for w in pipe.workers]
 

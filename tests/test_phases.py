@@ -9,16 +9,14 @@ resume mid-run. On a GPU, ``graphs`` against ``static``.
 
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
+from conftest import make_batches, make_model, resumed
 
 from petra_core import Pipeline, Recipe
 from petra_core.engine import LocalWorld, PipelineSpec
 from petra_core.engine.phases import PHASES, StaticCall, check_phases, static_methods
 from petra_core.methods import METHODS
-from tests.conftest import make_batches, make_model
 
 LR = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=False)
 WARM = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=False, warmup_epochs=1.0, milestones=(1.5,))
@@ -66,17 +64,13 @@ def _train(method, phases, *, arch="revnet18", n=9, interrupt_at=None, device="c
         x, y = batches[-1]
         batches[-1] = (x[:last_batch], y[:last_batch])
     batches = [(x.to(device), y.to(device)) for x, y in batches]
-    pipe = _pipeline(model, batches, method, phases, device=device, **kw)
+
+    def pipeline(model):
+        return _pipeline(model, batches, method, phases, device=device, **kw)
+
+    pipe = pipeline(model)
     if interrupt_at is not None:
-        pipe.run(ticks=interrupt_at)
-        buffer = io.BytesIO()
-        torch.save({"model": model.state_dict(), "pipeline": pipe.state_dict()}, buffer)
-        buffer.seek(0)
-        saved = torch.load(buffer, weights_only=False)
-        model = make_model(arch, seed=1).to(device)
-        model.load_state_dict(saved["model"])
-        pipe = _pipeline(model, batches, method, phases, device=device, **kw)
-        pipe.load_state_dict(saved["pipeline"])
+        model, pipe = resumed(pipe, model, interrupt_at, lambda: make_model(arch, seed=1).to(device), pipeline)
     pipe.run()
     return {k: v.cpu() for k, v in model.state_dict().items()}, [r.loss for r in pipe.head_log], pipe
 
