@@ -83,6 +83,8 @@ def test_the_distributed_world_on_one_rank_is_its_own_composition_and_matches_th
             recipe=LR,
         )
         pipe = Pipeline.build(spec)
+        # one issue lock per world: the transport's threads and the replica axis post under it
+        assert world.transport.issue is world.issue is world.groups.replica_group(0).issue
         pipe.run(3)
         in_flight = pipe.state_dict()["world"]  # the checkpoint layout resume reads
         assert set(in_flight) == {"local", "ready"} and in_flight["ready"] == {} and in_flight["local"]

@@ -163,6 +163,7 @@ class DistributedTransport:
         on_failure=None,
         left=None,
         backward: bool = True,
+        issue=None,
     ):
         self.schedule, self.position = schedule, placement.position
         self.local = LocalTransport(placement)
@@ -182,8 +183,10 @@ class DistributedTransport:
         self.backend = dist.get_backend() if dist.is_initialized() else "gloo"
         # NCCL forbids issuing operations from several threads at once, even on independent
         # communicators of one device (NCCL's "Thread Safety"): the main thread's sends and each
-        # receiver thread's receives are posted under one lock (gloo is thread-safe: none)
-        issue = threading.Lock() if self.backend == "nccl" else contextlib.nullcontext()
+        # receiver thread's receives are posted under one lock, the world's (``issue``, shared with
+        # the replica axis' collectives), or one of its own; gloo is thread-safe: none
+        if issue is None:
+            issue = threading.Lock() if self.backend == "nccl" else contextlib.nullcontext()
         self.issue = issue
         J, lo, hi = schedule.num_stages, self.mine.start, self.mine.stop - 1
         rank, nxt, prev = self.rank, rank_of(self.position + 1), rank_of(self.position - 1)

@@ -12,7 +12,9 @@ a composition of its own parts, not a kind of :class:`~petra_core.engine.worlds.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -66,8 +68,15 @@ class DistributedWorld:
         self.placement = RankPlacement(Mesh(replicas, world_size // replicas), rank, device)
         self.device_mesh = self._device_mesh()
         self.ranks = DistributedRanks(self.placement, timeout=timeout, control_timeout=control_timeout)
+        # NCCL forbids issuing operations from several threads at once, even on independent
+        # communicators of one device (NCCL's "Thread Safety"): the transport's sends (main thread),
+        # its receives (one thread per edge) and the replica axis' collectives (main thread) are all
+        # posted under this one lock. gloo is thread-safe: none.
+        self.issue = threading.Lock() if self.backend == "nccl" else contextlib.nullcontext()
         self.groups = OneGroup(
-            DistributedReplicaGroup(self.device_mesh.get_group("replica"), replicas, self.ranks.collective)
+            DistributedReplicaGroup(
+                self.device_mesh.get_group("replica"), replicas, self.ranks.collective, issue=self.issue
+            )
         )
         self.edges: dict | None = None  # the transport's process groups (connect)
         self.transport: DistributedTransport | None = None
@@ -106,6 +115,7 @@ class DistributedWorld:
                 on_failure=self.ranks.report,
                 left=self.ranks.watch.left,
                 backward=backward,
+                issue=self.issue,
             ),
         )
         self.ranks.barrier("opening the pipeline's connections")
