@@ -247,6 +247,7 @@ def measure(
     precision="fp32",
     phases="eager",
     channels_last=False,
+    stage_streams=False,
 ) -> dict:
     """One row: steady-state time and memory of ``method`` with every stage on ``device`` (or
     spread over ``devices`` in contiguous blocks), then, in ticks of their own, its host calls per
@@ -276,6 +277,7 @@ def measure(
             recipe=Recipe(base_lr=0.01),
             precision=precision,
             **({} if phases == "eager" else {"phases": phases}),  # a spec without the field runs eager
+            **({"stage_streams": True} if stage_streams else {}),
         )
     )
     if inject_oom:  # the smoke test's stand-in for a real out-of-memory
@@ -448,6 +450,11 @@ def parser() -> argparse.ArgumentParser:
         help="model and data of every row in channels-last memory format (default: a run's default, %(default)s)",
     )
     p.add_argument("--no-plain", dest="plain", action="store_false", help="skip the plain PyTorch loop's rows")
+    p.add_argument(
+        "--stage-streams",
+        action="store_true",
+        help="also PETRA with a CUDA stream per stage (engine/stage_streams.py), rows labelled PHASES+streams",
+    )
     p.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run of the script)")
     p.add_argument("--inject-oom", default="", help="methods whose rows raise an out-of-memory (tests)")
     p.add_argument("--out", default="results/gpu", help="directory for the JSON")
@@ -550,6 +557,12 @@ def rows_for_every_setting(args, configs, device, path: Path, out: dict) -> None
                         oom = method in args.inject_oom.split(",")
                         measured = functools.partial(measure, *model, method, phases=phases, inject_oom=oom, **shape)
                         record(out, path, {**key, "method": method, "phases": phases}, measured)
+                    if args.stage_streams and gpus and "petra" in runs_with(args.methods, phases):
+                        row = {**key, "method": "petra", "phases": f"{phases}+streams", "stage_streams": True}
+                        measured = functools.partial(
+                            measure, *model, "petra", phases=phases, stage_streams=True, **shape
+                        )
+                        record(out, path, row, measured)
                     if len(gpus) >= 2 and "petra" in args.methods:
                         row = {**key, "method": "petra", "phases": phases, "devices": len(gpus)}
                         measured = functools.partial(measure, *model, "petra", phases=phases, devices=gpus, **shape)

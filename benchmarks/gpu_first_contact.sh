@@ -16,10 +16,12 @@
 #                  the plain PyTorch loop, backprop and PETRA for every --phases the engine knows
 #                  (eager, static, graphs; graphs on CUDA only): time, host ÷ synced, host calls per
 #                  tick, per-stage phase times                                          -> bench/*.json
+#   bench_streams  bench_gpu.py, PETRA bf16 batch 64 with a CUDA stream per stage (stage_streams), for
+#                  every --phases                                                     -> bench_streams/*.json
 #   cifar10_*      real CIFAR-10: `petra prepare cifar10` from ../shared/data/cifar10-jpeg.tar.gz (or
-#                  shared/data/ under the project root), then one epoch of backprop and of PETRA
-#                  (`petra train dataset=cifar10 epochs=1`; images/s in each run's metrics.json)
-#                                                                                 -> cifar10/<method>/
+#                  shared/data/ under the project root), then one epoch of backprop, of PETRA, and of
+#                  PETRA with phases=graphs (`petra train dataset=cifar10 epochs=1`, bf16 by default on
+#                  cuda; images/s in each run's metrics.json)                 -> cifar10/<method>[_graphs]/
 #   bench_imagenet bench_gpu.py, RevNet50 ImageNet at batches 64 and 256, settings fastest and bf16,
 #                  plain, backprop and PETRA                                          -> bench_imagenet/*.json
 #   precision      PETRA's reconstruction error per stage under fp32, TF32 and bf16   -> precision/*.json
@@ -103,6 +105,12 @@ else
         --settings training,fastest,bf16 --out "$RESULTS/bench"
 fi
 
+# PETRA with a CUDA stream per stage (its stages' kernels of a tick may overlap on the one GPU)
+if [ "$DEVICE" = cuda ]; then
+    part bench_streams 60 "$PY" benchmarks/bench_gpu.py --device cuda --batches 64 --methods petra --no-plain \
+        --phases "$PHASES" --stage-streams --configs revnet18:cifar --settings bf16 --out "$RESULTS/bench_streams"
+fi
+
 # one real CIFAR-10 epoch per method, on the device (the tarball is never part of the project)
 CIFAR=""
 for tarball in ../shared/data/cifar10-jpeg.tar.gz shared/data/cifar10-jpeg.tar.gz; do
@@ -114,13 +122,16 @@ if [ -n "$QUICK" ]; then
 else
     CIFAR_RUN+=(width=64 batch_size=64)
 fi
-cifar_epoch() {  # cifar_epoch METHOD TIMEOUT_S
+cifar_epoch() {  # cifar_epoch NAME TIMEOUT_S KEY=VALUE...  (NAME: the method, or METHOD_graphs)
+    local name=$1 limit=$2
+    shift 2
     if [ -z "$CIFAR" ]; then
-        skip "cifar10_$1" "no CIFAR-10 tarball at ../shared/data/cifar10-jpeg.tar.gz or shared/data/cifar10-jpeg.tar.gz"
+        skip "cifar10_$name" "no CIFAR-10 tarball at ../shared/data/cifar10-jpeg.tar.gz or shared/data/cifar10-jpeg.tar.gz"
     elif [ ! -f "$SCRATCH/prepared/cifar10/manifest.json" ]; then
-        skip "cifar10_$1" "petra prepare cifar10 did not finish (cifar10_prepare.log)"
+        skip "cifar10_$name" "petra prepare cifar10 did not finish (cifar10_prepare.log)"
     else
-        part "cifar10_$1" "$2" "$PY" -m petra_core.cli train "${CIFAR_RUN[@]}" "method=$1" --run-dir "$RESULTS/cifar10/$1"
+        part "cifar10_$name" "$limit" "$PY" -m petra_core.cli train "${CIFAR_RUN[@]}" "$@" \
+            --run-dir "$RESULTS/cifar10/$name"
     fi
 }
 if [ -n "$CIFAR" ]; then
@@ -128,8 +139,11 @@ if [ -n "$CIFAR" ]; then
 else
     skip cifar10_prepare "no CIFAR-10 tarball at ../shared/data/cifar10-jpeg.tar.gz or shared/data/cifar10-jpeg.tar.gz"
 fi
-cifar_epoch backprop 90
-cifar_epoch petra 100
+cifar_epoch backprop 90 method=backprop
+cifar_epoch petra 100 method=petra
+if [ "$DEVICE" = cuda ]; then
+    cifar_epoch petra_graphs 100 method=petra phases=graphs
+fi
 
 if [ -n "$QUICK" ]; then
     part bench_imagenet 120 "$PY" benchmarks/bench_gpu.py "${BENCH[@]}" --configs revnet50:imagenet \
@@ -162,8 +176,8 @@ LOADER_BATCHES=300
 part loader 60 "$PY" benchmarks/bench_loader.py --dataset synthetic --batches "$LOADER_BATCHES"
 
 # more methods on real data, with what is left
-cifar_epoch delayed 90
-cifar_epoch dsp 90
+cifar_epoch delayed 90 method=delayed
+cifar_epoch dsp 90 method=dsp
 
 # one archive of everything the parts wrote (with status.tsv as it stands), so a remote box returns one file
 cp "$OUT/status.tsv" "$RESULTS/status.tsv"

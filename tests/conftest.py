@@ -141,3 +141,18 @@ def rank_argv(steps: int, *extra: str) -> list[str]:
         *("--threads", "1", "--lr", "0.05", "--timeout", "60"),
         *extra,
     ]
+
+
+@pytest.fixture
+def deterministic_gpu():
+    """Deterministic kernels for a bit-for-bit comparison of two GPU runs (cuDNN's nondeterministic
+    algorithms would part two runs of the same code), restored after."""
+    from petra_core.precision import numerics, set_numerics
+
+    saved = numerics()
+    set_numerics("fp32", True)
+    yield
+    torch.use_deterministic_algorithms(saved["deterministic_algorithms"], warn_only=True)
+    torch.backends.cudnn.deterministic = saved["cudnn_deterministic"]
+    torch.backends.cudnn.benchmark = saved["cudnn_benchmark"]
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved["tf32_matmul"], saved["tf32_cudnn"]

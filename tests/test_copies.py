@@ -109,6 +109,38 @@ def test_a_gpu_to_gpu_message_is_copied_on_copy_streams_and_handed_over_by_an_ev
     ]
 
 
+def test_a_revnet_pair_of_streams_goes_through_the_copy_streams_tensor_by_tensor(cuda):
+    """A pair (x, x~) is copied as two tensors on the copy streams, with one event for the message
+    (not left for the stage's own ``.to``, which would chain the GPUs on their compute streams)."""
+    copies = DeviceCopies()
+    msg = BackwardMsg(2, (cuda.tensor(GPU1, "g1"), cuda.tensor(GPU1, "g2")), None)
+    sent, event = copies.sent(msg, GPU0)
+    assert [t.device for t in sent.grad] == [GPU0, GPU0] and event is not None
+    copied = [step for step in cuda.trace if step[0] == "copy"]
+    assert copied == [
+        ("copy", "g1", "cuda:0", True, "copy:cuda:1", "copy:cuda:0"),
+        ("copy", "g2", "cuda:0", True, "copy:cuda:1", "copy:cuda:0"),
+    ]
+    assert [step for step in cuda.trace if step[0] == "record_event"] == [("record_event", "copy:cuda:0")]
+    cuda.trace.clear()
+    DeviceCopies.taken(sent, event, GPU0)
+    assert cuda.trace == [
+        ("wait_event", "compute:cuda:0", "event"),
+        ("record_stream", "g1@cuda:0", "compute:cuda:0"),
+        ("record_stream", "g2@cuda:0", "compute:cuda:0"),
+    ]
+
+
+def test_a_taker_on_its_own_stream_marks_every_tensor_it_takes(cuda):
+    """Stage streams: on one GPU nothing is copied, but the taker's stream is not the maker's, so
+    each tensor is marked as used by the taker (the allocator keeps it for both streams)."""
+    msg = ForwardMsg(1, (cuda.tensor(GPU0, "x1"), cuda.tensor(GPU0, "x2")), torch.arange(2))
+    sent, event = DeviceCopies().sent(msg, GPU0)
+    assert sent is msg and event is None
+    DeviceCopies.taken(sent, event, GPU0, record=True)
+    assert cuda.trace == [("record_stream", "x1", "compute:cuda:0"), ("record_stream", "x2", "compute:cuda:0")]
+
+
 def test_nothing_is_copied_or_waited_for_on_one_device(cuda):
     copies = DeviceCopies()
     msg = BackwardMsg(1, cuda.tensor(GPU1, "g"), None)

@@ -23,21 +23,6 @@ WARM = Recipe(base_lr=0.05, weight_decay=5e-4, scale_lr=False, warmup_epochs=1.0
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.fixture
-def deterministic_gpu():
-    """Deterministic kernels for a bit-for-bit comparison of two GPU runs (cuDNN's nondeterministic
-    algorithms would part two runs of the same code), restored after."""
-    from petra_core.precision import numerics, set_numerics
-
-    saved = numerics()
-    set_numerics("fp32", True)
-    yield
-    torch.use_deterministic_algorithms(saved["deterministic_algorithms"], warn_only=True)
-    torch.backends.cudnn.deterministic = saved["cudnn_deterministic"]
-    torch.backends.cudnn.benchmark = saved["cudnn_benchmark"]
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved["tf32_matmul"], saved["tf32_cudnn"]
-
-
 def _pipeline(model, batches, method, phases, *, k=1, recipe=LR, precision="fp32", device="cpu"):
     return Pipeline.build(
         PipelineSpec(

@@ -37,24 +37,35 @@ class DeviceCopies:
         return self._streams[device]
 
     def sent(self, msg, device: torch.device | None):
-        """``msg`` with its device tensors on ``device``, and the event its copies complete at (None:
-        nothing was copied between GPUs). Host tensors and tensors already there are left as they are."""
+        """``msg`` with its device tensors on ``device`` (a RevNet's pair of streams tensor by
+        tensor), and the event its copies complete at (None: nothing was copied between GPUs). Host
+        tensors and tensors already there are left as they are."""
         if device is None:
             return msg, None
-        event, fields = None, {}
+        copied, fields = False, {}
         for f in dataclasses.fields(msg):
-            t = getattr(msg, f.name)
-            if not isinstance(t, Tensor) or t.device == device or t.device.type == "cpu":
-                continue
-            if t.device.type == "cuda" and device.type == "cuda":
-                fields[f.name] = self._gpu_to_gpu(t, device)
-                event = event or True
-            else:  # meta, or a GPU tensor for a stage on the CPU
-                fields[f.name] = t.to(device)
-        if event:
+            value = getattr(msg, f.name)
+            if isinstance(value, tuple):
+                moved = tuple([self._moved(t, device) for t in value])
+                if any(m is not t for m, t in zip(moved, value)):
+                    fields[f.name], copied = moved, copied or any(_between_gpus(t, device) for t in value)
+            elif isinstance(value, Tensor):
+                moved = self._moved(value, device)
+                if moved is not value:
+                    fields[f.name], copied = moved, copied or _between_gpus(value, device)
+        event = None
+        if copied:
             event = torch.cuda.Event()
             event.record(self.stream(device))
         return (dataclasses.replace(msg, **fields) if fields else msg), event
+
+    def _moved(self, t: Tensor, device: torch.device) -> Tensor:
+        """``t`` on ``device``: itself when it is there or on the host, else a copy."""
+        if t.device == device or t.device.type == "cpu":
+            return t
+        if _between_gpus(t, device):
+            return self._gpu_to_gpu(t, device)
+        return t.to(device)  # meta, or a GPU tensor for a stage on the CPU
 
     def _gpu_to_gpu(self, t: Tensor, device: torch.device) -> Tensor:
         src, dst = self.stream(t.device), self.stream(device)
@@ -65,15 +76,22 @@ class DeviceCopies:
         return out
 
     @staticmethod
-    def taken(msg, event, device: torch.device | None):
+    def taken(msg, event, device: torch.device | None, record: bool = False):
         """The consumer's side: its compute stream waits for the copies of ``msg``, and each copied
-        tensor is marked as used by that stream."""
-        if event is None:
+        tensor is marked as used by that stream (``record``: every CUDA tensor of ``msg``, for a
+        consumer on another stream than the producer of the same GPU, as with stage streams)."""
+        if event is None and not record:
             return msg
         stream = torch.cuda.current_stream(device)
-        stream.wait_event(event)
+        if event is not None:
+            stream.wait_event(event)
         for f in dataclasses.fields(msg):
-            t = getattr(msg, f.name)
-            if isinstance(t, Tensor) and t.device == device:
-                t.record_stream(stream)
+            value = getattr(msg, f.name)
+            for t in value if isinstance(value, tuple) else (value,):
+                if isinstance(t, Tensor) and t.device == device and (record or event is not None):
+                    t.record_stream(stream)
         return msg
+
+
+def _between_gpus(t: Tensor, device: torch.device) -> bool:
+    return t.device.type == "cuda" and device.type == "cuda" and t.device != device

@@ -29,7 +29,9 @@ from .assembly import Replica, agree_on_spec, build_workers, decide_placement, f
 from .messages import ForwardMsg
 from .observers import Observer, observed
 from .spec import GetBatch, PipelineSpec
+from .stage_streams import NoStageStreams, StageStreams, check_stage_streams
 from .worker import HeadRecord, StageWorker
+from .worlds import LocalTransport
 
 
 def run_stage_tick(
@@ -90,6 +92,7 @@ class Pipeline:
         sync_timing: bool = False,
         offset: int = 0,
         observers: Sequence[Observer] = (),
+        stage_streams: bool = False,
     ):
         """The parts :meth:`build` makes of a :class:`PipelineSpec` (checked there)."""
         self.replicas, self.schedule, self.world = replicas, schedule, world
@@ -108,6 +111,16 @@ class Pipeline:
         self.tick_ends: list[float] = []  # perf_counter() at the end of each tick
         for rep in replicas:
             rep.model.train()
+        self.streams = NoStageStreams()
+        if stage_streams:
+            check_stage_streams(
+                stage_streams,
+                devices=[w.device for rep in replicas for w in rep.workers],
+                replicas=len(replicas),
+                one_process=isinstance(world.transport, LocalTransport),
+            )
+            self.streams = StageStreams(self.workers)
+            world.transport.takers_own_streams = True
 
     @classmethod
     def build(cls, spec: PipelineSpec) -> Pipeline:
@@ -128,6 +141,7 @@ class Pipeline:
             sync_timing=spec.sync_timing,
             offset=spec.offset,
             observers=spec.observers,
+            stage_streams=spec.stage_streams,
         )
 
     rank = property(lambda self: self.world.placement.rank)  # the world's, as the runner's own
@@ -163,6 +177,7 @@ class Pipeline:
                     if action.step:
                         stepping.add(stage)
             stage = None
+            self.streams.join()
             self._steps_of_the_tick(stepping)
             self.world.end_tick(self.tick)
             self.tick += 1
@@ -201,7 +216,8 @@ class Pipeline:
             self._take_step(worker)
         if action.forward is not None:  # a rule may swap in another version of the weights
             self.rule.before_forward(worker, self.world.groups.replica_group(worker.index))
-        run_stage_tick(worker, action, self.world, self.fetch, self.observers)
+        with self.streams.acting(worker):
+            run_stage_tick(worker, action, self.world, self.fetch, self.observers)
 
     def _steps_of_the_tick(self, stepping: set[int]) -> None:
         """Steps due at the end of the tick; one replica whose weights stay fixed in flight waits for

@@ -25,6 +25,7 @@ from ..replicas import ReplicaRule, get_rule
 from .observers import Observer
 from .phases import PHASES, check_phases  # noqa: F401  (PHASES: the spec's allowed values, read by benchmarks)
 from .placement import PlacementSpec
+from .stage_streams import check_stage_streams
 from .worlds import World
 
 GetBatch = Callable[[int], tuple[Tensor, Tensor]]  # minibatch id of the run's stream -> (images, labels)
@@ -79,6 +80,8 @@ class PipelineSpec:
     measure: Measure | None = None
     # how each stage's phases execute (engine/phases.py): eager, static (fixed buffers) or graphs (CUDA)
     phases: str = "eager"
+    # a CUDA stream per stage in one process, joined at tick ends (engine/stage_streams.py)
+    stage_streams: bool = False
     # what watches the run
     observers: Sequence[Observer] = field(default_factory=tuple)
     sync_timing: bool = False
@@ -94,6 +97,7 @@ class PipelineSpec:
         _count("offset (ticks between replicas' starts)", self.offset, 0)
         check_precision(self.precision)
         check_phases(self.phases, self.method, replicas=self.replicas)
+        check_stage_streams(self.stage_streams, replicas=self.replicas)
         if self.batches_per_epoch is not None and not self.batches_per_epoch > 0:
             raise ValueError(f"batches_per_epoch must be > 0 (or None: num_batches), got {self.batches_per_epoch!r}")
         if self.offset and self.world.placement.world_size > 1:

@@ -211,6 +211,12 @@ class RunConfig:
         "(docs/gpu.md)",
         _names("PHASES"),
     )
+    stage_streams: bool = _key(
+        False,
+        "a CUDA stream per stage in one process, joined at each tick's end, so the stages' kernels "
+        "of a tick can overlap on one GPU or several (the same bits); device=cuda, one replica, "
+        "runtime=simulator only (docs/gpu.md)",
+    )
     deterministic: bool = _key(
         True,
         "deterministic algorithms and cuDNN without benchmarking (bit-exact repeatability "
@@ -461,7 +467,7 @@ def _coerce(name: str, value, tp, example: str | None = None):
     return float(value) if base is float else value
 
 
-WATCH_KEYS = ("progress", "threads", "prefetch")  # how a run is run and watched, not what it computes
+WATCH_KEYS = ("progress", "threads", "prefetch", "stage_streams")  # how a run is run and watched, not what it computes
 
 
 def check_same_run(where: object, saved: dict | None, cfg: RunConfig) -> None:

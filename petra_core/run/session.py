@@ -49,6 +49,7 @@ class SessionPlan:
     threads: int | None
     precision: str
     phases: str  # engine/phases.py: eager, static or graphs
+    stage_streams: bool  # engine/stage_streams.py: a CUDA stream per stage
     deterministic: bool
     dist_timeout: float
     replicas: int
@@ -179,6 +180,7 @@ class Session:
             recipe=plan.recipe,
             precision=plan.precision,
             phases=plan.phases,
+            stage_streams=plan.stage_streams,
             num_batches=plan.epochs * self.batches_per_epoch,
             k=plan.k,
             rule=plan.rule,

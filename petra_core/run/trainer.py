@@ -35,6 +35,7 @@ from tqdm import tqdm
 from ..data import DataError
 from ..engine.host_memory import retain_freed_memory
 from ..engine.phases import check_phases
+from ..engine.stage_streams import check_stage_streams
 from ..methods import get_method
 from ..optim import Recipe
 from ..replicas import get_rule
@@ -96,6 +97,12 @@ def session_plan(cfg: RunConfig) -> SessionPlan:
     recipe = recipe_of(cfg)
     try:
         check_phases(cfg.phases, get_method(cfg.method), replicas=cfg.replicas, device=torch.device(cfg.device))
+        check_stage_streams(
+            cfg.stage_streams,
+            devices=[cfg.device],
+            replicas=cfg.replicas,
+            one_process=cfg.runtime == "simulator",
+        )
     except ValueError as err:
         raise ConfigError(str(err)) from None
     rule = get_rule(cfg.replica_rule, stages=cfg.rule_stages, options=cfg.rule_options, seed=cfg.seed)
@@ -106,6 +113,7 @@ def session_plan(cfg: RunConfig) -> SessionPlan:
         threads=cfg.threads,
         precision=cfg.precision,
         phases=cfg.phases,
+        stage_streams=cfg.stage_streams,
         deterministic=cfg.deterministic,
         dist_timeout=cfg.dist_timeout,
         replicas=cfg.replicas,

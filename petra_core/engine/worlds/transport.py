@@ -40,6 +40,7 @@ class LocalTransport:
         self.placement = placement
         self.queues: dict[tuple[int, str, int], deque] = defaultdict(deque)  # of (message, copy event)
         self.copies = DeviceCopies()
+        self.takers_own_streams = False  # stage streams: a taker marks what it takes as used by its stream
 
     def send_forward(self, replica: int, src: int, msg: ForwardMsg) -> None:
         self._put((replica, "forward", src + 1), msg)
@@ -58,7 +59,7 @@ class LocalTransport:
 
     def _take(self, key: tuple):
         msg, event = self.queues[key].popleft()
-        return self.copies.taken(msg, event, self.placement.device_for(key[2]))
+        return self.copies.taken(msg, event, self.placement.device_for(key[2]), record=self.takers_own_streams)
 
     def begin_tick(self, tick: int) -> None:  # a message is in its FIFO as soon as it is sent
         pass
