@@ -48,3 +48,31 @@ def test_the_rules_environment_has_the_core_dependencies():
     core, _ = pyproject()
     listed, _, _ = conda(ROOT / "workflow" / "envs" / "petra.yaml")
     assert listed == core
+
+
+def locked():
+    """{name: version} of .ci/constraints.txt, and the Python it was locked on."""
+    text = (ROOT / ".ci" / "constraints.txt").read_text()
+    python = re.search(r"^# python (\d+\.\d+):", text, re.M)
+    pins = dict(re.match(r"^([A-Za-z0-9_.-]+)==(\S+)$", line).groups() for line in text.splitlines() if "==" in line)
+    return {re.sub(r"[-_.]+", "-", k).lower(): v for k, v in pins.items()}, python and python.group(1)
+
+
+def test_the_lock_pins_every_dependency_and_extra_and_the_torch_pair_setup_installs():
+    """.ci/setup installs with .ci/constraints.txt (written by .ci/lock): every package of
+    pyproject.toml, extras included, has one exact version there, within pyproject's range, and
+    torch/torchvision are the pair .ci/setup names."""
+    from packaging.specifiers import SpecifierSet
+
+    pins, python = locked()
+    assert python, ".ci/constraints.txt names no '# python X.Y:' line"
+    core, extras = pyproject()
+    wanted = {**core, **{k: v for extra in extras.values() for k, v in extra.items()}}
+    for name, bound in wanted.items():
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        assert key in pins, f"{name} is not pinned in .ci/constraints.txt (run .ci/lock)"
+        assert SpecifierSet(bound).contains(pins[key].split("+")[0], prereleases=True), (name, bound, pins[key])
+    setup = (ROOT / ".ci" / "setup").read_text()
+    for name in ("torch", "torchvision"):
+        assert f'"{name}=={pins[name]}"' in setup, f"{name}: .ci/setup and .ci/constraints.txt disagree"
+    assert "petra" not in pins  # the project itself is installed editable, never pinned
