@@ -1144,3 +1144,28 @@ def test_petra_plot_draws_two_committed_runs(tmp_path, capsys):
     assert f"{tmp_path} is not a recorded run: it has no history.json" in capsys.readouterr().err
     assert cli_main(["plot", *runs, "--out", str(tmp_path / "x.jpg")]) == 2
     assert "the file's suffix must be one of .png, .pdf" in capsys.readouterr().err
+
+
+def test_a_figure_is_written_whole_or_not_at_all(tmp_path):
+    """figures.save writes each format through a temporary file renamed over the old one: a render
+    that fails half-way leaves the previous figure as it was, and no temporary file."""
+    import matplotlib.pyplot as plt
+
+    from petra_core.report import figures
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    old = figures.save(fig, tmp_path, "curve")
+    before = {p.name: p.read_bytes() for p in old}
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+
+    def fails_half_way(f, **kw):
+        f.write(b"%PDF-half")
+        raise OSError(28, "No space left on device")
+
+    fig.savefig = fails_half_way
+    with pytest.raises(OSError, match="No space left"):
+        figures.save(fig, tmp_path, "curve")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from ..run import runio  # noqa: E402
 from ..workflow.studies import STUDIES_DIR  # noqa: E402
 from . import labels  # noqa: E402
 from .budget import METRICS, at_largest_budget, gap_frame, paper_point, trend, trend_curve, varies_budget  # noqa: E402
@@ -40,10 +41,12 @@ def style() -> None:
 
 
 def save(fig, out_dir: Path, name: str) -> list[Path]:
+    """``fig`` as ``name``.png and .pdf in ``out_dir``, each written whole or not at all (a
+    temporary file renamed over the old one: an interrupted render never leaves half a figure)."""
     paths = []
     for fmt, kw in FORMATS.items():
         path = out_dir / f"{name}.{fmt}"
-        fig.savefig(path, bbox_inches="tight", **kw)
+        runio.atomic_write(path, lambda f, fmt=fmt, kw=kw: fig.savefig(f, format=fmt, bbox_inches="tight", **kw))
         paths.append(path)
     plt.close(fig)
     return paths

@@ -65,7 +65,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
     fig.legend(handles, names, loc="lower center", ncol=1, fontsize=8, bbox_to_anchor=(0.5, -0.02 * len(names)))
     fig.tight_layout(rect=(0, 0.06 * len(names), 1, 1))
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, bbox_inches="tight", **FORMATS[out.suffix])
+    runio.atomic_write(out, lambda f: fig.savefig(f, format=out.suffix[1:], bbox_inches="tight", **FORMATS[out.suffix]))
     plt.close(fig)
     return out
 
