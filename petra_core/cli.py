@@ -14,7 +14,15 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .cli_errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED, exit_codes_epilog, run_guarded
+from .cli_errors import (
+    EXIT_BAD_INPUT,
+    EXIT_DIVERGED,
+    EXIT_FILESYSTEM,
+    EXIT_INTERRUPTED,
+    describe_os_error,
+    exit_codes_epilog,
+    run_guarded,
+)
 
 
 class RegistryNames:
@@ -167,11 +175,15 @@ def start_ranks(args, cfg, plan) -> int:
 
 
 def distributed_exit(err: Exception, say) -> int:
-    """A rank of a distributed run ends on ``err``: a user's error was raised by every rank
-    together (one line, exit 2); anything else must exit the rank, not hang in teardown."""
+    """A rank of a distributed run ends on ``err``: a user's error (a bad value, or a file or
+    directory that cannot be written or read) was raised by every rank together (one line from
+    rank 0, exit 2 or 4); anything else must exit the rank, not hang in teardown."""
     if isinstance(err, ValueError):  # ConfigError, DataError and the engine's checks subclass it
         say(f"petra: error: {err}")
         return EXIT_BAD_INPUT
+    if isinstance(err, OSError) and err.errno is not None:
+        say(f"petra: error: {describe_os_error(err)}")
+        return EXIT_FILESYSTEM
     from .engine.launch import fail
 
     fail(err)

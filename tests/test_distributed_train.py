@@ -260,3 +260,14 @@ def test_sigterm_to_petra_train_stops_its_ranks_with_a_checkpoint(tmp_path):
     assert proc.returncode == 130, err
     assert "petra: stopped: SIGTERM (rank " in err and "checkpoint written to" in err, err
     assert runio.load_checkpoint(run / "checkpoint.pt")["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_a_run_directory_ranks_cannot_make_ends_every_rank_with_one_line_and_the_file_error_status(tmp_path, capfd):
+    """A file where the run directory should go: rank 0 cannot write it, every rank ends together
+    as a file error (errno and path carried over), one line from rank 0, and the launch exits 4."""
+    (tmp_path / "a-file").write_text("")
+    assert main(["train", *TINY, "--ranks", "2", "--run-dir", str(tmp_path / "a-file" / "run")]) == 4
+    err = [line for line in capfd.readouterr().err.splitlines() if not line.startswith("petra: starting")]
+    run = tmp_path / "a-file" / "run"
+    assert err == [f"petra: error: {run}: a part of this path is a file, not a directory; choose another path"]

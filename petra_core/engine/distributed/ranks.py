@@ -90,13 +90,13 @@ class DistributedRanks:
 
     def together(self, fn: Callable, errors: Sequence[type[BaseException]] = (ValueError,)):
         """Run ``fn`` on every rank; if it raises on any rank, raise on every rank (an error of one of
-        the ``errors`` types keeps its type, so its one-line message reaches the user) — no rank is
-        left waiting."""
+        the ``errors`` types keeps its type, so its one-line message reaches the user; an OSError
+        keeps its errno and path, so every rank ends as a file error) — no rank is left waiting."""
         try:
             result, mine = fn(), None
         except Exception as err:  # noqa: BLE001 - handed to every rank
             result, mine = None, err
-        reported = self.all_objects(None if mine is None else (type(mine).__name__, str(mine)))
+        reported = self.all_objects(None if mine is None else _portable(mine))
         if mine is not None:
             raise mine
         kinds = {e.__name__: e for e in errors}
@@ -104,6 +104,8 @@ class DistributedRanks:
             if e is not None:
                 if e[0] in kinds:
                     raise kinds[e[0]](e[1])
+                if e[2] is not None:  # an OSError: the same errno and path on every rank
+                    raise OSError(*e[2])
                 raise RuntimeError(f"rank {r} failed: {e[0]}: {e[1]}")
         return result
 
@@ -136,3 +138,10 @@ class DistributedRanks:
     def close(self) -> None:
         """No more heartbeats, no more watching for the others' failures."""
         self.watch.close()
+
+
+def _portable(err: BaseException) -> tuple:
+    """``err`` as every rank can rebuild it: (type name, message, OSError arguments or None)."""
+    if isinstance(err, OSError) and err.errno is not None:
+        return type(err).__name__, str(err), (err.errno, err.strerror, err.filename)
+    return type(err).__name__, str(err), None
