@@ -2,6 +2,7 @@
 
 import copy
 
+import pandas as pd
 import pytest
 import torch
 from conftest import make_batches, make_model
@@ -260,3 +261,13 @@ def test_paper_table1_is_data():
     assert evaluate_formula(t1["delayed"]["params"], J=10, j=3, k=2) == 7
     with pytest.raises(ValueError):
         evaluate_formula("__import__('os')", J=1)
+
+
+def test_table1_times_the_second_half_of_the_minibatches_none_flop_counted():
+    """The pipeline's fill (growing memory, page faults on CPU) is left out of the time column."""
+    from petra_core.accounting.table1 import steady_phases
+
+    phases = pd.DataFrame(dict(mb=list(range(8)), flops_counted=[True] + [False] * 7, seconds=range(8)))
+    assert steady_phases(phases, 8).mb.tolist() == [4, 5, 6, 7]
+    assert steady_phases(phases.iloc[:3], 3).mb.tolist() == [1, 2], "few minibatches: every one not counted"
+    assert steady_phases(phases.iloc[:1], 1).mb.tolist() == [0], "one minibatch: itself"

@@ -29,7 +29,10 @@ DEFAULTS = {
         "image_size": 224,
         "width": 64,
         "batch": 2,
-        "num_batches": 3,
+        # FLOPs are counted on minibatch 0, times are medians over minibatches 12-23, after the
+        # pipeline filled (table1.steady_phases); with 3 minibatches, all during the fill, the
+        # time column moved by up to 2x between two runs on one machine
+        "num_batches": 24,
         "num_classes": 1000,
         "k": 1,
     },

@@ -11,7 +11,8 @@ measured ones, normalised as the paper does:
 * comm: payload (activation + gradient) per minibatch, in messages of backprop on the ResNet of
   the same stream width (the paper's convention for reversible methods) and on the same network;
 * FLOPs: whole network per minibatch, in mean stage forwards (``FlopCounterMode``);
-* time per batch: sequential methods = sum over stages; pipelined = the slowest stage's tick
+* time per batch (medians over the second half of the minibatches, :func:`steady_phases`):
+  sequential methods = sum over stages; pipelined = the slowest stage's tick
   (forward + rebuild + backward on one device, as the worker runs them); also with forward and
   backward in parallel, and balanced over stages (the paper's ideal setting); in mean backprop
   stage forwards (see :func:`network_costs`).
@@ -66,6 +67,21 @@ def run_method(
     return rec
 
 
+def steady_phases(phases: pd.DataFrame, num_batches: int) -> pd.DataFrame:
+    """The phase rows to time: the second half of the minibatches, none FLOP-counted.
+
+    While a pipeline fills, every stage's kept memory grows, and on CPU each new allocation costs
+    page faults: delayed gradients' first stage ran its forward 7x slower during the fill than
+    after it (RevNet18 at 224², J = 10). The median of the second half is the steady state the
+    paper's time column describes; with fewer minibatches the rows not FLOP-counted are used.
+    """
+    untimed = phases.flops_counted | (phases.mb < num_batches // 2)
+    for keep in (~untimed, ~phases.flops_counted):
+        if keep.any():
+            return phases[keep]
+    return phases
+
+
 def resnet_messages(arch: str, *, stem: str, image_size: int, batch: int, width: int, num_classes: int) -> pd.DataFrame:
     """Backprop message payloads of the ResNet with the RevNet's stream width, by shape propagation."""
     with torch.device("meta"):
@@ -115,7 +131,7 @@ def per_stage(
         f = rec.frames()
         ph, msg, kept = f["phases"], f["messages"], f["kept"]
         flops = ph[ph.flops_counted].pivot_table(index="stage", columns="phase", values="flops", aggfunc="mean")
-        timed = ph[~ph.flops_counted] if (~ph.flops_counted).any() else ph
+        timed = steady_phases(ph, num_batches)
         secs = timed.pivot_table(index="stage", columns="phase", values="seconds", aggfunc="median")
         first = kept[kept.in_flight == 1].groupby(["stage", "buffer"]).held_bytes.first().unstack(fill_value=0)
         sent = msg.groupby(["stage", "direction"]).payload_bytes.mean().unstack(fill_value=0)
