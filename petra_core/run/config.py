@@ -239,6 +239,12 @@ class RunConfig:
     dist_timeout: float = _key(60.0, "distributed: seconds before a silent peer is declared failed")
     fidelity_every: int = _key(0, "every N optimizer steps, compare delayed gradients with true ones (0 = off)")
     progress: bool = _key(True, "show a tqdm progress bar")
+    logger: str = _key(
+        "none",
+        "also write each epoch's record, beside history.json: none, csv (history.csv in the run "
+        "directory) or tensorboard (event files under tensorboard/; needs the tensorboard package)",
+        ("none", "csv", "tensorboard"),
+    )
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -329,6 +335,10 @@ class RunConfig:
             )
 
     def _check_execution(self) -> None:
+        from .loggers import tensorboard_missing
+
+        if missing := tensorboard_missing(self.logger):
+            raise ConfigError(missing)
         if self.dist_timeout <= 0:
             raise ConfigError(f"dist_timeout={self.dist_timeout!r} must be > 0 (seconds)")
         if self.placement not in ("even", "balanced") and not _RANGES.fullmatch(self.placement.replace(" ", "")):
@@ -467,7 +477,13 @@ def _coerce(name: str, value, tp, example: str | None = None):
     return float(value) if base is float else value
 
 
-WATCH_KEYS = ("progress", "threads", "prefetch", "stage_streams")  # how a run is run and watched, not what it computes
+WATCH_KEYS = (
+    "progress",
+    "threads",
+    "prefetch",
+    "stage_streams",
+    "logger",
+)  # how a run is run and watched, not what it computes
 
 
 def check_same_run(where: object, saved: dict | None, cfg: RunConfig) -> None:

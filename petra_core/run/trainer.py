@@ -43,6 +43,7 @@ from . import runio
 from .checkpoints import Checkpoints
 from .config import ConfigError, RunConfig, check_same_run
 from .evaluation import evaluate, reestimate_batch_norm
+from .loggers import make_logger
 from .population import evaluate_population, evaluated_record
 from .session import Session, SessionPlan
 
@@ -225,6 +226,7 @@ class Trainer:
         self.checked = 0  # head-log records already checked for a finite loss
         self.tick_time, self.images_done = 0.0, 0
         self.fidelity = None
+        self.logger = make_logger(cfg.logger, run_dir)  # history.csv or TensorBoard, if asked for
 
     # ---- the phases -------------------------------------------------------------------------------
     def resume(self) -> None:
@@ -265,17 +267,13 @@ class Trainer:
         self.resume()
         self.write_run_files()
         cfg, pipe = self.cfg, self.pipe
-        bar = tqdm(
-            total=pipe.schedule.num_ticks,
-            initial=pipe.tick,
-            disable=not (cfg.progress and self.rt.is_main),
-            unit="tick",
-            desc=f"{cfg.method} {cfg.arch}",
-        )
+        progress = Progress(pipe.schedule, self.B, cfg, disable=not (cfg.progress and self.rt.is_main))
+        progress.to_tick(pipe.tick)
+        bar = progress.bar
         with stop_on_signals() as stop, bar:
             while not pipe.done:
                 self.advance()
-                bar.update(1)
+                progress.to_tick(pipe.tick)
                 epoch = self.epoch_end.get(pipe.tick - 1)
                 diverged = None
                 if pipe.tick % LOG_EVERY == 0 or epoch is not None or pipe.done or stop["signal"]:
@@ -337,6 +335,7 @@ class Trainer:
             entry = epoch_record(epoch, log_records, lr, model, rt.data, self.tick_time, images, rt.model.family)
             self.history.append(entry)
             runio.write_json(self.run_dir / runio.HISTORY, self.history)
+            self.logger.write(self.history)
             with tqdm.external_write_mode():  # above the progress bar, if there is one
                 self.log(epoch_line(entry, cfg.epochs, self.history))
             if due and not math.isfinite(entry["test_loss"]):
@@ -468,6 +467,29 @@ def epoch_record(epoch: int, logs, lr: float, model, data, tick_time: float, ima
         "wall_time_s": tick_time,
         "eval_time_s": time.perf_counter() - start,
     }
+
+
+class Progress:
+    """The tqdm bar in minibatches and epochs, not pipeline ticks: a minibatch counts once its
+    backward has reached stage 0 (its gradient is complete), so the bar ends with the run and the
+    fill and drain ticks move it by nothing."""
+
+    def __init__(self, schedule, batches_per_epoch: int, cfg: RunConfig, disable: bool):
+        self.schedule, self.B, self.epochs = schedule, batches_per_epoch, cfg.epochs
+        self.total, self.done = cfg.epochs * batches_per_epoch, 0
+        self.name = f"{cfg.method} {cfg.arch}"
+        self.bar = tqdm(total=self.total, disable=disable, unit="minibatch", desc=self.name)
+
+    def to_tick(self, tick: int) -> None:
+        """Count the minibatches whose stage-0 backward ran before ``tick``."""
+        done = self.done
+        while done < self.total and self.schedule.backward_tick(done, 0) < tick:
+            done += 1
+        if done != self.done or tick == 0:
+            self.bar.update(done - self.done)
+            self.done = done
+            self.description = f"{self.name} epoch {min(done // self.B + 1, self.epochs)}/{self.epochs}"
+            self.bar.set_description(self.description, refresh=False)
 
 
 NOT_IN_EPOCH_LINE = ("epoch", "lr", "images_per_s", "wall_time_s", "eval_time_s")
