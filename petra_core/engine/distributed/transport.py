@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ...models import streams
+from ..emulation import Link, LinkDelay
 from ..messages import BackwardMsg, ForwardMsg
 from ..worlds import LocalTransport
 from .failures import AFTER_FAILURE, DEFAULT_TIMEOUT, PipelineError, ProtocolError, is_timeout, short
@@ -79,8 +80,10 @@ class _Receiver:
         stats: TransportStats,
         timeout: float = DEFAULT_TIMEOUT,
         issue=contextlib.nullcontext(),
+        link: Link | None = None,
     ):
         self.edge, self.device, self.stats, self.timeout = edge, device, stats, timeout
+        self.delay = LinkDelay(link) if link is not None else None  # an emulated link (engine/emulation.py)
         self.issue = issue  # held while posting operations (NCCL: one thread at a time, DistributedTransport)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"petra-recv-{DIRECTION[edge.direction]}-{edge.dst}")
         self.pending: deque[tuple[int, Future]] = deque()  # requested and not yet handed over
@@ -107,6 +110,7 @@ class _Receiver:
                 work = dist.irecv(header, e.peer, group=e.group)
             work.wait()  # gloo: blocks, bounded by the group's timeout; NCCL: only orders the stream
             t0 = time.perf_counter()
+            arrived_at = time.monotonic()  # the message's sending began (an emulated link starts it then)
             if self.stream is not None:  # never block in tolist(): poll with a deadline
                 arrived = torch.cuda.Event()
                 arrived.record(self.stream)
@@ -130,8 +134,11 @@ class _Receiver:
                 event = torch.cuda.Event()
                 event.record(self.stream)
                 wait_for(event, self.timeout, f"the tensors of minibatch {mb} {self.edge_name}")
+        nbytes = sum(s[0].numel() * s[0].element_size() for s in slots)
+        if self.delay is not None:
+            self.delay.hold(arrived_at, nbytes)
         self.stats.background_recv_s += time.perf_counter() - t0
-        self.stats.bytes_received += sum(s[0].numel() * s[0].element_size() for s in slots)
+        self.stats.bytes_received += nbytes
         return make_message(e.direction, mb, *unflatten(kinds, [restore_layout(*s) for s in slots])), event
 
 
@@ -164,6 +171,7 @@ class DistributedTransport:
         left=None,
         backward: bool = True,
         issue=None,
+        link: Link | None = None,
     ):
         self.schedule, self.position = schedule, placement.position
         self.local = LocalTransport(placement)
@@ -196,12 +204,12 @@ class DistributedTransport:
             self.out[FORWARD] = _Edge(FORWARD, hi, hi + 1, nxt, groups[FORWARD, rank])
         if hi + 1 < J and backward:
             self.receivers[BACKWARD] = _Receiver(
-                _Edge(BACKWARD, hi + 1, hi, nxt, groups[BACKWARD, nxt]), self.device, self.stats, timeout, issue
+                _Edge(BACKWARD, hi + 1, hi, nxt, groups[BACKWARD, nxt]), self.device, self.stats, timeout, issue, link
             )
         if lo > 0:
             self.out[BACKWARD] = _Edge(BACKWARD, lo, lo - 1, prev, groups[BACKWARD, rank])
             self.receivers[FORWARD] = _Receiver(
-                _Edge(FORWARD, lo - 1, lo, prev, groups[FORWARD, prev]), self.device, self.stats, timeout, issue
+                _Edge(FORWARD, lo - 1, lo, prev, groups[FORWARD, prev]), self.device, self.stats, timeout, issue, link
             )
         self.ready: dict[int, deque] = {direction: deque() for direction in self.receivers}  # received, unconsumed
         self._open(backward)

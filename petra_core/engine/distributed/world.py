@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from ..emulation import Link
 from ..worlds import Mesh, OneGroup
 from .failures import DEFAULT_TIMEOUT, PipelineError, short
 from .placement import RankPlacement
@@ -49,6 +50,7 @@ class DistributedWorld:
         replicas: int = 1,
         timeout: float = DEFAULT_TIMEOUT,
         control_timeout: float = CONTROL_TIMEOUT,
+        link: Link | None = None,
     ):
         if not dist.is_initialized():
             raise RuntimeError(
@@ -59,6 +61,7 @@ class DistributedWorld:
             device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else "cpu"
         device = torch.device(device)
         self.timeout = timeout
+        self.link = link  # every edge between ranks an emulated link (engine/emulation.py); None: as it is
         rank, world_size = dist.get_rank(), dist.get_world_size()
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1 or world_size % replicas:
             raise ValueError(
@@ -116,6 +119,7 @@ class DistributedWorld:
                 left=self.ranks.watch.left,
                 backward=backward,
                 issue=self.issue,
+                link=self.link,
             ),
         )
         self.ranks.barrier("opening the pipeline's connections")

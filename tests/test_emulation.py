@@ -1,0 +1,94 @@
+"""Emulated devices (engine/emulation.py) and the measured point (plan/measure.py): padding and link
+delays against their closed forms, no bit changed by them, and bad input in one line."""
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import make_batches, make_model
+
+from petra_core import Simulator
+from petra_core.engine.emulation import Link, LinkDelay, PhasePadding, check_phase_seconds
+from petra_core.plan.measure import EmulatedPoint, chain_model, measure_point, steady_margin
+
+
+def test_messages_serialise_on_a_link_and_arrive_latency_after_their_transfer():
+    delay = LinkDelay(Link(latency=0.01, bandwidth=1000.0))  # 1 KB/s: 100 bytes take 0.1 s
+    assert delay.due(5.0, 100) == pytest.approx(5.11)
+    assert delay.due(5.0, 100) == pytest.approx(5.21)  # sent at the same time: waits for the first
+    assert delay.due(9.0, 50) == pytest.approx(9.06)  # the link was idle again
+    assert Link(0.002, 1e9).seconds(10**6) == pytest.approx(0.003)
+
+
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (lambda: Link(-1.0, 1e9), "latency=-1.0"),
+        (lambda: Link(0.0, 0), "bandwidth=0"),
+        (lambda: check_phase_seconds({"fwd": [0.1]}, 1), "phase 'fwd' is not allowed; allowed: forward"),
+        (lambda: check_phase_seconds({"forward": [0.1]}, 2), "one time per stage (2)"),
+        (lambda: check_phase_seconds({"step": [-0.1]}, 1), "seconds >= 0"),
+        (lambda: EmulatedPoint(method="sgd", stages=2), "method='sgd' is not allowed"),
+        (lambda: EmulatedPoint(method="backprop", stages=1), "stages=1 is not allowed"),
+        (lambda: EmulatedPoint(method="petra", stages=2), "stages=2 is not allowed for petra"),
+        (lambda: EmulatedPoint(method="local", stages=3), "no auxiliary heads"),
+        (lambda: EmulatedPoint(method="petra", stages=4, minibatches=9), "minibatches=9 leaves no steady window"),
+    ],
+)
+def test_bad_emulation_input_is_one_line(make, needle):
+    with pytest.raises(ValueError) as err:
+        make()
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_phase_is_padded_to_its_target_and_an_overrun_is_counted():
+    padding = PhasePadding({"forward": [0.03, 0.0]}, 2)
+    worker = SimpleNamespace(replica=0, index=0)
+    start = time.perf_counter()
+    padding.before("forward", worker, 0)
+    padding.after("forward", worker, 0)
+    assert time.perf_counter() - start >= 0.03
+    short = PhasePadding({"forward": [1e-6, 0.0]}, 2)
+    short.before("forward", worker, 0)
+    time.sleep(0.002)
+    short.after("forward", worker, 0)
+    assert short.overran == 1 and padding.overran == 0
+    assert padding.measured()["forward"][0] == pytest.approx(0.03, abs=0.02)
+
+
+def test_padding_changes_no_bit():
+    batches = make_batches(6)
+    runs = []
+    for observers in ((), (PhasePadding({"forward": [0.001] * 10, "backward": [0.001] * 10}, 10),)):
+        model = make_model()
+        pipe = Simulator(model, "petra", num_batches=6, get_batch=batches.__getitem__, batch_size=6)
+        pipe.observers.extend(observers)
+        pipe.run()
+        runs.append(([r.loss for r in pipe.head_log], [p.clone() for p in model.parameters()]))
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1], strict=True))
+
+
+def test_the_chain_has_one_stage_per_rank_and_the_window_leaves_out_the_fill():
+    point = EmulatedPoint(method="petra", stages=4, minibatches=20)
+    assert len(chain_model(point)) == 4 and chain_model(point).kinds == "S R R H"
+    assert steady_margin(point) == 4
+    assert steady_margin(EmulatedPoint(method="gpipe", stages=3, k=2, minibatches=20)) == 4  # whole groups of 2
+
+
+@pytest.mark.slow
+def test_an_emulated_pipeline_runs_at_its_slowest_stage_and_a_slow_link_sets_the_pace():
+    """Three ranks, PETRA: 40 ms of compute per stage and minibatch; then a link that needs 120 ms
+    per message. The losses are the same bits with and without emulation."""
+    phases = {"forward": [0.01] * 3, "rebuild": [0.0] * 3, "backward": [0.03] * 3, "step": [0.0] * 3}
+    plain = measure_point(EmulatedPoint(method="petra", stages=3, minibatches=14), timeout=300)
+    padded = measure_point(EmulatedPoint(method="petra", stages=3, minibatches=14, phase_seconds=phases), timeout=300)
+    size = plain["message_bytes"][-1]  # the head sends back a gradient and its rebuilt input: the largest message
+    slow = EmulatedPoint(method="petra", stages=3, minibatches=14, phase_seconds=phases, link=(0.0, size / 0.12))
+    linked = measure_point(slow, timeout=300)
+    assert plain["losses"] == padded["losses"] == linked["losses"] and len(plain["losses"]) == 14
+    assert padded["padded_over"] == 0
+    assert padded["phase_seconds"]["backward"][1] == pytest.approx(0.03, rel=0.3)
+    assert padded["seconds_per_minibatch"] == pytest.approx(0.04, rel=0.35)
+    assert linked["seconds_per_minibatch"] == pytest.approx(0.12, rel=0.35)
