@@ -210,3 +210,30 @@ def test_the_sample_input_sizes_the_model_on_the_meta_device(arch):
     if arch == "revgpt":
         assert rows[0]["input_shape"] == (2, CONTEXT) and rows[-1]["output_shape"] == (2, CONTEXT, VOCAB)
         assert CHARACTERS.sample_input(2, context=CONTEXT).dtype == torch.long
+
+
+@pytest.mark.slow
+def test_revgpt_on_two_ranks_under_torchrun_matches_the_simulator(tmp_path):
+    """Token ids into stage 0, (B, T) targets and (B, T, width) stream pairs over the wire: PETRA and
+    delayed gradients on 2 gloo ranks end with the simulator's weights bit for bit."""
+    import subprocess
+    import sys
+
+    from conftest import free_port, rank_argv
+    from harness.compare import assert_bit_for_bit, simulator_state
+    from harness.ranks import RANKS
+
+    argv = rank_argv(
+        10,
+        *("--arch", "revgpt", "--num-classes", str(VOCAB), "--width", "8", "--depth", "2", "--context", "6"),
+        *("--method", "petra,delayed", "--placement", "0-1,2-3", "--save", str(tmp_path / "{method}.pt")),
+    )
+    cmd = [
+        *(sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--node-rank=0", "--nproc-per-node=2"),
+        *("--master-addr=127.0.0.1", f"--master-port={free_port()}", RANKS, *argv),
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=110)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "placement 0-1,2-3" in out.stdout
+    for method in ("petra", "delayed"):
+        assert_bit_for_bit(torch.load(tmp_path / f"{method}.pt"), simulator_state(argv, method), method)
