@@ -6,7 +6,7 @@ import torch
 
 from petra_core.families import CHARACTERS, VISION_TRANSFORMERS, build, family_of
 from petra_core.models import streams
-from petra_core.models.transformer import ReversibleBlock, TransformerBlock, block_params
+from petra_core.models.transformer import ReversibleTransformerBlock, TransformerBlock, block_params
 
 TINY = dict(width=8, depth=4, heads=2)
 VOCAB, CONTEXT = 11, 6
@@ -36,7 +36,7 @@ def rel(a, b):
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_reversible_block_inverts_within_float32_rounding(causal):
     torch.manual_seed(0)
-    block = ReversibleBlock(16, 4, causal)
+    block = ReversibleTransformerBlock(16, 4, causal)
     x = (torch.randn(4, 10, 16), torch.randn(4, 10, 16))
     with torch.no_grad():
         y = block(x)
@@ -91,7 +91,10 @@ def test_reconstruct_gives_autograd_gradients(arch, blocks_per_stage, input_grad
 
 def test_one_block_has_its_closed_form_count_and_the_twin_block_the_same():
     for width in (8, 128, 384):
-        for block in (ReversibleBlock(width, 4 if width % 4 == 0 else 2, False), TransformerBlock(width, 2, True)):
+        for block in (
+            ReversibleTransformerBlock(width, 4 if width % 4 == 0 else 2, False),
+            TransformerBlock(width, 2, True),
+        ):
             assert sum(p.numel() for p in block.parameters()) == block_params(width) == 12 * width**2 + 13 * width
     assert block_params(128) == 198_272 and block_params(384) == 1_774_464
 

@@ -125,7 +125,7 @@ class ChainGraph(LocalGraph):
             grad = graph.input_grad()
 
 
-class ReversibleBlock(nn.Module):
+class ReversibleTransformerBlock(nn.Module):
     """(x₁, x₂) → (y₁, y₂) = (x₁ + F(x₂), x₂ + G(y₁)); ``inverse`` and ``reconstruct`` undo it."""
 
     def __init__(self, width: int, heads: int, causal: bool):
@@ -172,7 +172,7 @@ class TransformerBlock(nn.Module):
 class ReversibleTransformerStage(ReversibleStage):
     """``blocks`` consecutive reversible blocks as one stage (kind R)."""
 
-    def __init__(self, blocks: list[ReversibleBlock]):
+    def __init__(self, blocks: list[ReversibleTransformerBlock]):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
 
@@ -302,6 +302,8 @@ def block_stages(
 ) -> list[Stage]:
     """``depth`` blocks in stages of ``blocks_per_stage``: reversible (R) or the twin's (B)."""
     check_shape(width=width, depth=depth, heads=heads, blocks_per_stage=blocks_per_stage)
-    block, stage = (ReversibleBlock, ReversibleTransformerStage) if reversible else (TransformerBlock, TransformerStage)
+    block, stage = (
+        (ReversibleTransformerBlock, ReversibleTransformerStage) if reversible else (TransformerBlock, TransformerStage)
+    )
     blocks = [block(width, heads, causal) for _ in range(depth)]
     return [stage(blocks[i : i + blocks_per_stage]) for i in range(0, depth, blocks_per_stage)]
