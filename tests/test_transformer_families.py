@@ -113,6 +113,41 @@ def test_every_method_that_applies_trains_a_few_minibatches(arch):
         assert all(torch.isfinite(p).all() for p in model.parameters()), (arch, method)
 
 
+def walks(n, length=12, seed=0):
+    """Token windows of periodic walks (start + step·t mod VOCAB, step 1 or 2): the next token follows
+    from the previous two, so a causal model can learn it."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        start, step = torch.randint(0, VOCAB, (8, 1), generator=g), torch.randint(1, 3, (8, 1), generator=g)
+        seq = (start + step * torch.arange(length + 1)) % VOCAB
+        out.append((seq[:, :-1], seq[:, 1:]))
+    return out
+
+
+@pytest.mark.parametrize(
+    "arch,method,n,lr,momentum,ratio",
+    [
+        ("revgpt", "backprop", 120, 0.1, 0.9, 0.5),
+        ("gpt", "backprop", 120, 0.1, 0.9, 0.5),
+        ("revgpt", "petra", 200, 0.2, 0.0, 0.8),
+    ],
+)
+def test_a_character_model_learns_a_periodic_walk(arch, method, n, lr, momentum, ratio):
+    """The mean loss of the last 10 % of the minibatches is under ``ratio`` times that of the first
+    10 % (measured: 1.12 -> 0.09 for revgpt under backprop, 1.03 -> 0.44 under PETRA, whose stale
+    gradients make this toy noisy at any of the learning rates tried), and the last tokens are
+    predicted better than chance."""
+    torch.manual_seed(0)
+    model = build(arch, num_classes=VOCAB, width=32, depth=2, heads=2, context=12)
+    recipe = Recipe(base_lr=lr, momentum=momentum, weight_decay=0.0, scale_lr=False)
+    log = simulate(model, method, walks(n), recipe=recipe).head_log
+    tenth = n // 10
+    first, last = (sum(r.loss for r in part) / len(part) for part in (log[:tenth], log[-tenth:]))
+    assert last < ratio * first, (first, last)
+    assert sum(r.sums[0] for r in log[-tenth:]) / sum(r.sums[1] for r in log[-tenth:]) > 2 / VOCAB
+
+
 @pytest.mark.parametrize("arch", ["revgpt", "revvit"])
 def test_local_learning_trains_each_stage_from_its_auxiliary_head(arch):
     """A stage's auxiliary loss is the family's: per-token cross-entropy for text, per image for vision."""
