@@ -12,7 +12,10 @@ from conftest import BeforeStep
 
 from petra_core import METHODS, Recipe, Simulator, simulate
 from petra_core.accounting.shapes import stage_shapes
+from petra_core.engine import LocalWorld, Pipeline, PipelineSpec
+from petra_core.engine.observers import Observer
 from petra_core.families import CHARACTERS, VISION_TRANSFORMERS, build
+from petra_core.models import streams
 from petra_core.run.evaluation import evaluate
 from petra_core.run.trainer import epoch_record
 
@@ -111,6 +114,42 @@ def test_every_method_that_applies_trains_a_few_minibatches(arch):
         log = simulate(model, method, batches(arch, 4, torch.float32), recipe=LR).head_log
         assert len(log) == 4 and all(math.isfinite(r.loss) for r in log), (arch, method)
         assert all(torch.isfinite(p).all() for p in model.parameters()), (arch, method)
+
+
+class SentDtypes(Observer):
+    """The dtypes of every activation and gradient a stage sends."""
+
+    def __init__(self):
+        self.dtypes = set()
+
+    def sent(self, worker, direction, msg):
+        for a in (getattr(msg, "activation", None), getattr(msg, "grad", None)):
+            self.dtypes.update(t.dtype for t in streams.tensors(a))
+
+
+@pytest.mark.parametrize("arch", ["revvit", "revgpt"])
+def test_bf16_trains_every_method_with_float32_messages(arch):
+    """Under autocast to bfloat16 every method trains (finite losses) and every message stays float32:
+    the couplings add a bf16 branch to a float32 stream, as for a RevNet (``precision.py``)."""
+    for method, m in METHODS.items():
+        model = tiny(arch, torch.float32, aux_head="linear" if m.needs_aux else None)
+        data = batches(arch, 4, torch.float32)
+        spec = PipelineSpec(
+            model=model,
+            method=method,
+            world=LocalWorld(),
+            num_batches=4,
+            get_batch=data.__getitem__,
+            batch_size=BATCH,
+            recipe=LR,
+            precision="bf16",
+        )
+        pipe = Pipeline.build(spec)
+        sent = SentDtypes()
+        pipe.observers.append(sent)
+        pipe.run()
+        assert all(math.isfinite(r.loss) for r in pipe.head_log) and len(pipe.head_log) == 4, (arch, method)
+        assert sent.dtypes == {torch.float32}, (arch, method, sent.dtypes)
 
 
 def walks(n, length=12, seed=0):
