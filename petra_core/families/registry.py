@@ -1,6 +1,7 @@
 """The registered model families, and a model built by the family that offers its arch.
 
-A family is registered once (the image family here; another from its own module, or a test):
+A family is registered once (the image and transformer families here; another from its own module,
+or a test):
 from then on ``build(arch, ...)`` builds its archs and the engine trains them unchanged.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 from ..models.staged import StagedModel
 from .family import ModelFamily
 from .image import IMAGES
+from .transformers import CHARACTERS, VISION_TRANSFORMERS
 
 FAMILIES: dict[str, ModelFamily] = {}
 
@@ -40,3 +42,5 @@ def build(arch: str, **options) -> StagedModel:
 
 
 register_family(IMAGES)
+register_family(VISION_TRANSFORMERS)
+register_family(CHARACTERS)

@@ -8,6 +8,9 @@ Heads are small by design, as the authors of "Can Forward Gradient Match Backpro
   average pool; linear;
 * ``linear`` — BN, global average pool, linear.
 
+A transformer stage's head (``TokenAuxHead``, ``linear`` only) is a layer norm and a linear layer
+on its tokens (below).
+
 A head is a stage's submodule (``stage.aux``), so the stage's optimizer and checkpoints carry it;
 the stage's own forward never runs it, and a model built without heads is the model as before.
 """
@@ -43,3 +46,27 @@ class AuxHead(nn.Module):
 
     def forward(self, h: Tensor) -> Tensor:
         return self.body(h)  # a RevNet's two streams side by side (``streams.join``)
+
+
+TOKEN_AUX_HEADS = ("linear",)
+
+
+class TokenAuxHead(nn.Module):
+    """A transformer stage's auxiliary head (``linear``): the streams averaged, LN, then Linear.
+
+    It reads what local learning hands a head, ``streams.join(output)``: a reversible pair of
+    (B, T, width) streams side by side along dimension 1, (B, 2T, width), which it splits back and
+    averages (``n_streams``), as the model's head does. ``per_token`` (a language model): logits
+    at every position, laid out (B, classes, T), the layout ``F.cross_entropy`` takes with (B, T)
+    targets, so its loss is the mean over tokens; else (images) the tokens are mean-pooled first.
+    """
+
+    def __init__(self, width: int, num_classes: int, *, n_streams: int, per_token: bool):
+        super().__init__()
+        self.n_streams, self.per_token = n_streams, per_token
+        self.norm = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, num_classes)
+
+    def forward(self, h: Tensor) -> Tensor:
+        h = self.norm(h.unflatten(1, (self.n_streams, -1)).mean(1))
+        return self.fc(h).transpose(1, 2) if self.per_token else self.fc(h.mean(1))

@@ -46,16 +46,40 @@ def synthetic_batch(seed: int, mb: int, batch: int, image_size: int, num_classes
     )
 
 
+def synthetic_text(seed: int, mb: int, batch: int, context: int, vocab: int) -> tuple[Tensor, Tensor]:
+    """Minibatch ``mb`` of random token windows and their next tokens: a pure function of its arguments."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + mb)
+    text = torch.randint(0, vocab, (batch, context + 1), generator=g)
+    return text[:, :-1].contiguous(), text[:, 1:].contiguous()
+
+
 def demo_setup(args: argparse.Namespace) -> tuple[StagedModel, GetBatch, Recipe]:
-    """Model (seeded), data and recipe of the demo run; the tests rebuild the same for the simulator."""
-    from petra_core.families import build_model
+    """Model (seeded), data and recipe of the demo run; the tests rebuild the same for the simulator.
+    A character-level arch (``revgpt``, ``gpt``) trains on random token windows of ``--context``,
+    with ``--depth`` blocks of 2 heads."""
+    from petra_core.families import CHARACTERS, build_model
+    from petra_core.families import build as build_any
 
     torch.manual_seed(args.seed)
-    model = build_model(
-        args.arch, num_classes=args.num_classes, width=args.width, stem=args.stem, aux_head=args.aux_head
-    )
+    text = args.arch in CHARACTERS.archs
+    if text:
+        model = build_any(
+            args.arch,
+            num_classes=args.num_classes,
+            width=args.width,
+            depth=args.depth,
+            heads=2,
+            context=args.context,
+            aux_head=args.aux_head,
+        )
+    else:
+        model = build_model(
+            args.arch, num_classes=args.num_classes, width=args.width, stem=args.stem, aux_head=args.aux_head
+        )
 
     def get_batch(mb: int):
+        if text:
+            return synthetic_text(args.seed, mb, args.batch, args.context, args.num_classes)
         return synthetic_batch(args.seed, mb, args.batch, args.image_size, args.num_classes)
 
     recipe = Recipe(base_lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay, scale_lr=False)
@@ -72,7 +96,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=16, help="base channel count (64 = the paper's models)")
     p.add_argument("--stem", default="cifar", choices=["cifar", "imagenet"])
     p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--num-classes", type=int, default=10, help="classes, or the vocabulary of a text arch")
+    p.add_argument("--context", type=int, default=16, help="tokens per window (text archs)")
+    p.add_argument("--depth", type=int, default=2, help="transformer blocks (text archs)")
     p.add_argument("--method", default="petra", help="method, or several separated by commas (run in turn)")
     p.add_argument(
         "--aux-head",
