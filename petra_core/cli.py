@@ -128,16 +128,27 @@ def cmd_train(args) -> int:
             raise
         return distributed_exit(err, say)
     if rank == 0:
-        print(
-            f"{run_dir}: top-1 {metrics['top1']:.2f} %, top-5 {metrics['top5']:.2f} %, "
-            f"{metrics['images_per_s']:.0f} images/s"
-        )
+        print(f"{run_dir}: {final_line(metrics)}")
     return 0
+
+
+def final_line(metrics: dict) -> str:
+    """What ``petra train`` says of a finished run: top-1 and top-5 of an image classifier; test loss
+    (nats per character), bits per character and perplexity of a language model."""
+    if "top1" in metrics:
+        quality = f"top-1 {metrics['top1']:.2f} %, top-5 {metrics['top5']:.2f} %"
+    else:
+        quality = (
+            f"test loss {metrics['test_loss']:.4f} nats/char, {metrics['test_bpc']:.4f} bits/char, "
+            f"perplexity {metrics['test_ppl']:.3f}"
+        )
+    return f"{quality}, {metrics['images_per_s']:.0f} images/s"
 
 
 def launch_plan(args, cfg):
     """How this ``petra train`` runs (``run/launcher.py``): here, or as ranks it starts itself."""
     from .run.launcher import LaunchPlan, plan_launch, stage_count
+    from .run.trainer import model_arguments
 
     under_torchrun = "WORLD_SIZE" in os.environ
     if args.launch == "process" and args.ranks is None:
@@ -152,7 +163,7 @@ def launch_plan(args, cfg):
         args.ranks,
         device=cfg.device,
         gpus=gpus,
-        stages=stage_count(cfg.arch, cfg.width),
+        stages=stage_count(**model_arguments(cfg)),
         replicas=cfg.replicas,
         under_torchrun=under_torchrun,
     )

@@ -74,7 +74,7 @@ def _load(name, source, prepared_dir, verify, params):
 def build_data(name: str, *, source: str | Path | None = None, prepared_dir: str | Path | None = None,
                batch_size: int, seed: int, subset: int | None = None, eval_batch_size: int | None = None,
                drop_last: bool = True, verify: bool = True, num_workers: int = 0, data_seed: int | None = None,
-               context: int | None = None, **params) -> DataBundle:
+               context: int | None = None, windows_per_epoch: int | None = None, **params) -> DataBundle:
     """Build train/test streams for dataset ``name`` (one of ``SOURCES``: cifar10, imagenet32, imagenet, synthetic,
     and the text corpora shakespeare and botchan).
 
@@ -83,12 +83,15 @@ def build_data(name: str, *, source: str | Path | None = None, prepared_dir: str
     the source reader (e.g. ``download`` for cifar10, ``n_train`` for synthetic); the
     synthetic generator's own seed is ``data_seed`` (default 0), distinct from ``seed``.
     ``num_workers`` only matters for ImageNet, whose images are decoded per batch. ``context``:
-    characters per window, for a text dataset only (required there).
+    characters per window, for a text dataset only (required there); ``windows_per_epoch``: its
+    training windows per epoch (default: (training characters - 1) // context).
     """
     declared = get_source(name)
     if (context is not None) != (declared.kind == "text"):
         raise DataError(f"context={context!r} for {declared.kind} dataset {name}; expected "
                         f"{'a positive integer (characters per window)' if declared.kind == 'text' else 'None'}")
+    if declared.kind != "text" and windows_per_epoch is not None:
+        raise DataError(f"windows_per_epoch={windows_per_epoch!r} for images dataset {name}; expected None")
     if declared.kind == "text" and subset is not None:
         raise DataError(f"subset={subset} for text dataset {name}; expected None (subsets are of image datasets)")
     if data_seed is not None:
@@ -100,7 +103,7 @@ def build_data(name: str, *, source: str | Path | None = None, prepared_dir: str
     norm = declared.normalization
     eval_bs = eval_batch_size or batch_size
     if isinstance(data, TextData):
-        train = TextStream(data.train, batch_size, context, seed=seed, train=True)
+        train = TextStream(data.train, batch_size, context, seed=seed, train=True, windows=windows_per_epoch)
         test = TextStream(data.test, eval_bs, context, seed=seed, train=False)
         return DataBundle(name=name, train=train, test=test, num_classes=data.num_classes, image_size=None,
                           stem=None, manifest=manifest, class_names=None, normalization=None, kind="text",

@@ -7,9 +7,11 @@ its targets the next ``context`` (every position's next character), both int64 (
   sampling), from a generator keyed by (seed, epoch, index): a batch is a pure function of where it
   is, so a resumed run sees exactly the batches of an uninterrupted one, as with
   :class:`~petra_core.data.stream.MinibatchStream`. An epoch is ``(tokens - 1) // context``
-  windows, i.e. about one pass's worth of the split's characters as targets, so ``epochs`` means
-  what it does for images (a sweep of the data's size), and the number of minibatches per epoch
-  is ``windows // batch_size`` (the last partial batch dropped).
+  windows by default, i.e. about one pass's worth of the split's characters as targets, so
+  ``epochs`` means what it does for images (a sweep of the data's size); ``windows`` sets another
+  number (an epoch is when a run evaluates and checkpoints: a short one for a test, or for a
+  finer validation curve). Minibatches per epoch: ``windows // batch_size`` (the last partial
+  batch dropped).
 * Evaluation reads the split once, in order, as non-overlapping consecutive windows (starts 0, T,
   2T, ...), every full window exactly once, the last partial batch kept.
 """
@@ -32,7 +34,9 @@ class TextStream:
     :class:`~petra_core.data.stream.MinibatchStream`: ``num_batches``, ``batch(epoch, index)``,
     ``iter_epoch(epoch, start)``."""
 
-    def __init__(self, tokens: np.ndarray, batch_size: int, context: int, *, seed: int, train: bool) -> None:
+    def __init__(
+        self, tokens: np.ndarray, batch_size: int, context: int, *, seed: int, train: bool, windows: int | None = None
+    ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise DataError(f"batch_size={batch_size!r}; expected a positive integer")
         if not isinstance(context, int) or isinstance(context, bool) or context < 1:
@@ -47,6 +51,11 @@ class TextStream:
         self.tokens, self.batch_size, self.context = tokens, batch_size, context
         self.seed, self.train = int(seed), train
         self.num_windows = (len(tokens) - 1) // context
+        if windows is not None:
+            if not train or not isinstance(windows, int) or isinstance(windows, bool) or windows < 1:
+                raise DataError(f"windows={windows!r} for a{' training' if train else 'n evaluation'} stream; "
+                                f"expected a positive integer, for training only (evaluation reads every window)")
+            self.num_windows = windows
         if self.num_batches == 0:
             raise DataError(
                 f"batch_size={batch_size} with {self.num_windows} windows of {context} characters per "
