@@ -216,3 +216,17 @@ def test_text_defaults_are_written_into_the_config(data_dir):
 def test_the_contexts_agree_with_the_character_lm_sizes():
     transformers = pytest.importorskip("petra_core.families.transformers")  # merged from the models part
     assert {size: shape["context"] for size, shape in transformers.LM_SIZES.items()} == TEXT_CONTEXTS
+
+
+def test_a_text_population_is_evaluated_by_its_family(data_dir, tmp_path):
+    """Two data-parallel replicas (dp evaluates its population): every replica's test loss and the
+    weight average's text record, no top-1, ensemble or batch-norm statistics."""
+    run = tmp_path / "run"
+    assert main(["train", *config(data_dir, epochs=1, replicas=2, evaluated_model="both"), "--run-dir", str(run)]) == 0
+    metrics = read(run, "metrics.json")
+    population = metrics["population"]
+    assert population["replicas"] == 2 and len(population["members_test_loss"]) == 2
+    assert population["members_test_loss"][0] == metrics["test_loss"]  # replica 0 is the run's model
+    assert {"average_test_loss", "average_test_bpc", "average_test_ppl", "average_test_acc"} <= set(population)
+    assert metrics["average_test_bpc"] == population["average_test_bpc"]  # evaluated_model=both
+    assert not any("top1" in key for key in (*metrics, *population))
