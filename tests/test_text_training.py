@@ -9,6 +9,8 @@ train the real one the same way.
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -160,7 +162,7 @@ def test_a_text_run_stopped_mid_epoch_resumes_bit_for_bit(data_dir, tmp_path):
     assert a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
-def test_petra_results_shows_text_metrics_for_text_runs(data_dir, tmp_path):
+def test_petra_results_shows_text_metrics_for_text_runs(data_dir, tmp_path, capsys):
     profile = tmp_path / "text.yaml"
     train = dict(item.split("=", 1) for item in config(data_dir, epochs=1))
     train = {k: yaml.safe_load(v) for k, v in train.items() if k not in ("arch", "method")}
@@ -176,6 +178,10 @@ def test_petra_results_shows_text_metrics_for_text_runs(data_dir, tmp_path):
     assert run.directory.parts[-2] == "tinylm-cpu"  # the arch's own width, the text size
     out = tmp_path / "results"
     assert main(["results", "--profile", str(profile), "--root", str(tmp_path), "--out", str(out)]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("botchan-tinylm-backprop-k1")]
+    assert re.fullmatch(
+        r"\S+: test loss \S+ ± \S+ nats/char, \S+ ± \S+ bits/char, perplexity \S+ ± \S+ \(n = 2\)", line
+    )
     import pandas as pd
 
     results, summary = pd.read_csv(out / "results.csv"), pd.read_csv(out / "summary.csv")
@@ -230,3 +236,17 @@ def test_a_text_population_is_evaluated_by_its_family(data_dir, tmp_path):
     assert {"average_test_loss", "average_test_bpc", "average_test_ppl", "average_test_acc"} <= set(population)
     assert metrics["average_test_bpc"] == population["average_test_bpc"]  # evaluated_model=both
     assert not any("top1" in key for key in (*metrics, *population))
+
+
+def test_petra_results_lines_of_image_runs_keep_top1():
+    """The committed cpu profile's groups (image classifiers) are printed with top-1 and top-5."""
+    import pandas as pd
+
+    from petra_core.report.results import summary_lines
+
+    summary = pd.read_csv(Path(__file__).resolve().parents[1] / "results" / "cpu" / "summary.csv")
+    lines = summary_lines(summary)
+    assert len(lines) == len(summary) and all(" %, top-5 " in line and "nats/char" not in line for line in lines)
+    backprop = next(line for line in lines if line.startswith("cifar10-revnet18-w16-backprop-k1:"))
+    row = summary[(summary.arch == "revnet18") & (summary.method == "backprop")].iloc[0]
+    assert backprop.startswith(f"cifar10-revnet18-w16-backprop-k1: top-1 {row.top1_mean:.2f} ± {row.top1_std:.2f} %")

@@ -273,6 +273,30 @@ def metrics_files(summary: pd.DataFrame) -> dict[str, dict]:
     return out
 
 
+def _mean_std(r: dict, metric: str, digits: int) -> str:
+    """``80.12 ± 0.31`` (the std only where n > 1)."""
+    std = r[f"{metric}_std"]
+    return f"{r[f'{metric}_mean']:.{digits}f}" + ("" if r["n"] < 2 or math.isnan(std) else f" ± {std:.{digits}f}")
+
+
+def summary_lines(summary: pd.DataFrame) -> list[str]:
+    """One line per group of runs (``petra results`` prints them): top-1 and top-5 of image
+    classifiers; test loss (nats per character), bits per character and perplexity of language models."""
+    lines = []
+    if summary.empty:
+        return lines
+    for name, r in zip(group_names(summary), summary.to_dict("records")):
+        if math.isnan(float(r["top1_mean"])) and not math.isnan(float(r.get("test_bpc_mean", math.nan))):
+            quality = (
+                f"test loss {_mean_std(r, 'test_loss', 4)} nats/char, {_mean_std(r, 'test_bpc', 4)} bits/char, "
+                f"perplexity {_mean_std(r, 'test_ppl', 3)}"
+            )
+        else:
+            quality = f"top-1 {_mean_std(r, 'top1', 2)} %, top-5 {_mean_std(r, 'top5', 2)} %"
+        lines.append(f"{name}: {quality} (n = {r['n']})")
+    return lines
+
+
 def write(frames: dict[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:
     """``results.csv``, ``history.csv``, ``memory.csv``, ``fidelity.csv``, ``summary.csv`` and
     ``metrics/GROUP.json`` (DVC metrics, one file per summary row)."""
