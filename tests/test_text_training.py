@@ -250,3 +250,17 @@ def test_petra_results_lines_of_image_runs_keep_top1():
     backprop = next(line for line in lines if line.startswith("cifar10-revnet18-w16-backprop-k1:"))
     row = summary[(summary.arch == "revnet18") & (summary.method == "backprop")].iloc[0]
     assert backprop.startswith(f"cifar10-revnet18-w16-backprop-k1: top-1 {row.top1_mean:.2f} ± {row.top1_std:.2f} %")
+
+
+@pytest.mark.slow
+def test_revgpt_on_two_ranks_matches_the_simulator(data_dir, tmp_path):
+    """``petra train --ranks 2`` (gloo) of PETRA on the character-level GPT ends with the simulator's
+    run bit for bit (the ranks import the registered families, not this file's: hence revgpt)."""
+    pytest.importorskip("petra_core.families.transformers")  # merged from the models part
+    args = config(data_dir, "revgpt", method="petra", context=32, width=32, windows_per_epoch=64, batch_size=16)
+    sim, ranks = tmp_path / "sim", tmp_path / "ranks"
+    assert main(["train", *args, "--run-dir", str(sim)]) == 0
+    assert main(["train", *args, "--ranks", "2", "--run-dir", str(ranks)]) == 0
+    for name in ("history.json", "metrics.json"):
+        assert untimed(read(sim, name)) == untimed(read(ranks, name))
+    assert read(ranks, "env.json")["world_size"] == 2
