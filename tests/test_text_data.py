@@ -197,9 +197,7 @@ def test_training_batches_are_a_pure_function_of_seed_epoch_and_index_and_resume
 def test_windows_per_epoch_sets_the_epochs_length_for_training_only():
     s = TextStream(np.arange(101, dtype=np.uint8), 4, 8, seed=0, train=True, windows=40)
     assert s.num_windows == 40 and s.num_batches == 10  # more than the 12 windows a pass would give
-    assert torch.equal(
-        s.batch(0, 9)[0], stream().__class__(s.tokens, 4, 8, seed=0, train=True, windows=40).batch(0, 9)[0]
-    )
+    assert s.batch(0, 9)[0].shape == (4, 8)  # batch 9 exists: the epoch is 10 minibatches long
     with pytest.raises(
         DataError, match="windows=40 for an evaluation stream; expected a positive integer, for training"
     ):
