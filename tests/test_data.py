@@ -392,7 +392,7 @@ def test_stream_argument_errors(split):
 def test_build_data_front_door(tmp_path, png_tar):
     with pytest.raises(ValueError, match="unknown dataset 'mnist'; expected one of cifar10, imagenet32, imagenet"):
         build_data("mnist", batch_size=4, seed=0)
-    assert set(DATASETS) == {"cifar10", "imagenet32", "imagenet", "synthetic"}
+    assert set(DATASETS) == {"cifar10", "imagenet32", "imagenet", "synthetic", "shakespeare", "botchan"}
     b = build_data("cifar10", source=png_tar, prepared_dir=tmp_path / "p", batch_size=4, seed=0)
     assert (b.num_classes, b.image_size, b.stem, b.train.num_batches, b.test.num_batches) == (3, 32, "cifar", 3, 2)
     assert b.manifest["files"] and (tmp_path / "p/manifest.json").is_file()

@@ -6,7 +6,9 @@ every file) into a temporary sibling directory, fsyncs it, then ``os.replace``s 
 place: an interrupted or failed preparation never leaves a half-written dataset (at worst
 a hidden ``.NAME.tmp-*`` sibling).  ``load_prepared`` verifies the checksums and
 memory-maps the arrays.  ImageNet is not copied: its manifest records and validates the
-root (class list, file counts and a digest of the file listing).
+root (class list, file counts and a digest of the file listing).  A text corpus (``text.py``)
+is written as ``train_tokens.npy`` and ``test_tokens.npy`` (uint8 token ids), its manifest
+holding the vocabulary and the works of each split.
 """
 from __future__ import annotations
 
@@ -25,10 +27,12 @@ from .arrays import ArrayData, ArraySplit
 from .errors import DataError
 from .imagenet import FolderData, listing_digest, load_imagenet
 from .sources import load_source
+from .text import TextData
 
 FORMAT = "petra-prepared/1"
 MANIFEST = "manifest.json"
 ARRAY_FILES = ("train_images.npy", "train_labels.npy", "test_images.npy", "test_labels.npy")
+TEXT_FILES = ("train_tokens.npy", "test_tokens.npy")
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -39,8 +43,13 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def describe(data: ArrayData | FolderData) -> dict:
+def describe(data: ArrayData | FolderData | TextData) -> dict:
     """The manifest of ``data`` without file checksums (also used for unprepared data)."""
+    if isinstance(data, TextData):
+        return {"format": FORMAT, "dataset": data.name, "kind": "text", "num_classes": data.num_classes,
+                "vocab": data.vocab, "source": data.source,
+                "splits": {split: {"num_tokens": len(getattr(data, split)), "works": data.works[split]}
+                           for split in ("train", "test")}}
     out = {"format": FORMAT, "dataset": data.name, "num_classes": data.num_classes,
            "class_names": list(data.class_names) if data.class_names is not None else None,
            "image_size": data.image_size, "source": data.source}
@@ -113,9 +122,12 @@ def prepare(name: str, source: str | Path | None, out_dir: str | Path, *, overwr
     if source is not None and Path(source).is_file():
         manifest["source"] = {**manifest["source"], "sha256": sha256_file(Path(source))}
     with atomic_directory(out_dir, overwrite) as tmp:
-        files = {}
+        files, arrays = {}, {}
         if isinstance(data, ArrayData):
             arrays = dict(zip(ARRAY_FILES, (data.train.images, data.train.labels, data.test.images, data.test.labels)))
+        elif isinstance(data, TextData):
+            arrays = dict(zip(TEXT_FILES, (data.train, data.test)))
+        if arrays:
             for fname, arr in arrays.items():
                 _write_file(tmp / fname, lambda f, a=arr: np.save(f, np.ascontiguousarray(a), allow_pickle=False))
                 files[fname] = {"sha256": sha256_file(tmp / fname), "bytes": (tmp / fname).stat().st_size}
@@ -142,19 +154,15 @@ def read_manifest(prepared_dir: str | Path) -> dict:
     return manifest
 
 
-def load_prepared(prepared_dir: str | Path, verify: bool = True) -> ArrayData | FolderData:
-    """Load a prepared dataset (arrays memory-mapped read-only); ``verify`` checks every sha256."""
-    prepared_dir = Path(prepared_dir)
-    manifest = read_manifest(prepared_dir)
-    if manifest.get("kind") == "image-folder":
-        return _load_folder(prepared_dir, manifest, verify)
+def _load_arrays(prepared_dir: Path, manifest: dict, names: tuple[str, ...], verify: bool) -> list[np.ndarray]:
+    """The prepared ``names`` of ``prepared_dir``, memory-mapped, each checked against the manifest's sha256."""
     arrays = []
-    for fname in ARRAY_FILES:
+    for fname in names:
         path = prepared_dir / fname
         expected = manifest.get("files", {}).get(fname, {}).get("sha256")
         if not path.is_file() or expected is None:
             raise DataError(f"{path}: missing{' from the manifest' if path.is_file() else ''}; "
-                            f"expected {', '.join(ARRAY_FILES)} as written by prepare()")
+                            f"expected {', '.join(names)} as written by prepare()")
         if verify:
             actual = sha256_file(path)
             if actual != expected:
@@ -164,6 +172,18 @@ def load_prepared(prepared_dir: str | Path, verify: bool = True) -> ArrayData | 
             arrays.append(np.load(path, mmap_mode="r", allow_pickle=False))
         except (OSError, ValueError, EOFError) as e:
             raise DataError(f"{path}: unreadable array ({e}); expected a .npy written by prepare()") from None
+    return arrays
+
+
+def load_prepared(prepared_dir: str | Path, verify: bool = True) -> ArrayData | FolderData | TextData:
+    """Load a prepared dataset (arrays memory-mapped read-only); ``verify`` checks every sha256."""
+    prepared_dir = Path(prepared_dir)
+    manifest = read_manifest(prepared_dir)
+    if manifest.get("kind") == "image-folder":
+        return _load_folder(prepared_dir, manifest, verify)
+    if manifest.get("kind") == "text":
+        return _load_text(prepared_dir, manifest, verify)
+    arrays = _load_arrays(prepared_dir, manifest, ARRAY_FILES, verify)
     for split, (images, labels) in (("train", arrays[0:2]), ("test", arrays[2:4])):
         if list(images.shape) != manifest["splits"][split]["images_shape"]:
             raise DataError(f"{prepared_dir / (split + '_images.npy')}: shape {list(images.shape)}; "
@@ -185,3 +205,13 @@ def _load_folder(prepared_dir: Path, manifest: dict, verify: bool) -> FolderData
             raise DataError(f"{data.root}: {split} listing changed ({len(ds)} files, recorded {rec['num_examples']}) "
                             f"since {prepared_dir / MANIFEST} was written; expected the prepared file listing")
     return FolderData(data.name, data.root, data.train, data.test, data.class_names, data.source, manifest)
+
+
+def _load_text(prepared_dir: Path, manifest: dict, verify: bool) -> TextData:
+    train, test = _load_arrays(prepared_dir, manifest, TEXT_FILES, verify)
+    for split, tokens in (("train", train), ("test", test)):
+        if len(tokens) != manifest["splits"][split]["num_tokens"]:
+            raise DataError(f"{prepared_dir / (split + '_tokens.npy')}: {len(tokens)} tokens; expected "
+                            f"{manifest['splits'][split]['num_tokens']} from the manifest")
+    works = {split: manifest["splits"][split]["works"] for split in ("train", "test")}
+    return TextData(manifest["dataset"], train, test, manifest["vocab"], works, manifest.get("source", {}), manifest)

@@ -16,6 +16,7 @@ PERMUTATION = 1
 AUGMENTATION = 2
 SUBSET = 3
 SYNTHETIC = 4
+TEXT_WINDOWS = 5  # the window starts of a text training batch (text_stream.py)
 
 
 def derive_seed(*key: int) -> int:

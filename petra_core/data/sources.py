@@ -1,9 +1,10 @@
 """The datasets petra can read, each declared once: name -> :class:`DataSource`.
 
 A source declares its reader, the keyword parameters the reader takes, whether it generates its
-data (no source path), the model stem its images fit and their normalisation. Nothing is read
-from the reader's signature: a parameter it does not declare is refused in one line before
-anything is read. :func:`register_source` adds a dataset.
+data (no source path) or fetches it (the source path is optional), its kind (``images``: the model
+stem its images fit and their normalisation; ``text``: a character corpus, ``text.py``, with
+neither). Nothing is read from the reader's signature: a parameter it does not declare is refused
+in one line before anything is read. :func:`register_source` adds a dataset.
 """
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from .errors import DataError
 from .imagenet import FolderData, load_imagenet
 from .imagenet32 import load_imagenet32
 from .synthetic import make_synthetic
+from .text import TextData, read_botchan, read_shakespeare
+
+KINDS = ("images", "text")
 
 
 @dataclass(frozen=True)
@@ -25,13 +29,15 @@ class DataSource:
     """A dataset: ``reader(source, **params)``, or ``reader(**params)`` when it is ``generated``."""
 
     name: str
-    reader: Callable[..., ArrayData | FolderData]
-    stem: str  # the model stem its images fit: "cifar" (32×32) or "imagenet"
-    normalization: Normalization
+    reader: Callable[..., ArrayData | FolderData | TextData]
+    stem: str | None  # images: the model stem they fit, "cifar" (32×32) or "imagenet"; text: None
+    normalization: Normalization | None  # images only
     params: tuple[str, ...] = ()  # the reader's keyword parameters
     generated: bool = False  # makes its data: takes no source
+    kind: str = "images"  # or "text": token ids (TextData), read by the text stream
+    fetches: bool = False  # without a source, the reader downloads it (a source is still accepted)
 
-    def load(self, source: str | Path | None = None, **params) -> ArrayData | FolderData:
+    def load(self, source: str | Path | None = None, **params) -> ArrayData | FolderData | TextData:
         unknown = sorted(set(params) - set(self.params))
         if unknown:
             raise DataError(f"{self.name}: unknown parameter {unknown[0]!r}; "
@@ -40,7 +46,7 @@ class DataSource:
             if source is not None:
                 raise DataError(f"{self.name}: source={source!r}; expected None (the data is generated)")
             return self.reader(**params)
-        if source is None:
+        if source is None and not self.fetches:
             raise DataError(f"{self.name}: no source given; expected a path to the raw {self.name} data")
         return self.reader(source, **params)
 
@@ -51,8 +57,13 @@ DATASETS = SOURCES.keys()  # the names, live: a source registered later is a dat
 
 def register_source(source: DataSource) -> DataSource:
     """Make ``source`` readable by its name (a config's ``dataset``); returns it."""
-    if source.stem not in ("cifar", "imagenet"):
+    if source.kind not in KINDS:
+        raise DataError(f"data source {source.name!r}: kind={source.kind!r}; expected {' or '.join(KINDS)}")
+    if source.kind == "images" and source.stem not in ("cifar", "imagenet"):
         raise DataError(f"data source {source.name!r}: stem={source.stem!r}; expected cifar or imagenet")
+    if source.kind == "text" and (source.stem is not None or source.normalization is not None):
+        raise DataError(f"data source {source.name!r}: stem={source.stem!r} or a normalization; expected "
+                        f"neither for text")
     if SOURCES.get(source.name, source) != source:
         raise DataError(f"data source name {source.name!r} is taken")
     SOURCES[source.name] = source
@@ -65,6 +76,8 @@ for _source in (
     DataSource("imagenet", load_imagenet, "imagenet", IMAGENET_NORM),
     DataSource("synthetic", make_synthetic, "cifar", SYNTHETIC_NORM, generated=True,
                params=("num_classes", "n_train", "n_test", "image_size", "seed", "max_shift", "noise")),
+    DataSource("shakespeare", read_shakespeare, None, None, kind="text", fetches=True),
+    DataSource("botchan", read_botchan, None, None, kind="text", fetches=True),
 ):
     register_source(_source)
 

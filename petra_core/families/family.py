@@ -25,13 +25,16 @@ class ModelFamily(ABC):
 
     ``train_sums`` names the per-minibatch sums the head keeps on the device (they add up over
     minibatches, so a log read once per interval, or gathered across ranks, loses nothing);
-    ``eval_names`` the fields an evaluation adds to a record (None where an epoch is not evaluated).
+    ``eval_names`` the fields an evaluation adds to a record (None where an epoch is not evaluated);
+    ``data_kind`` the kind of dataset its models read (a data source's ``kind``: ``images``, or
+    ``text`` for token ids), which the run's config checks against its dataset.
     A family holds no state: copies of a model share it.
     """
 
     name: str
     train_sums: tuple[str, ...]
     eval_names: tuple[str, ...]
+    data_kind: str = "images"
 
     @property
     @abstractmethod

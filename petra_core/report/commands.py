@@ -34,6 +34,8 @@ def cmd_results(args) -> int:
     frames = results.collect(args.profile, root=args.root, allow_missing=args.allow_missing, log=say)
     for path in results.write(frames, args.out):
         print(path)
+    for line in results.summary_lines(results.summarize(frames["results"])):
+        print(line)
     return 0
 
 
@@ -98,8 +100,9 @@ def register(sub) -> None:
         help="gather a profile's runs into tidy tables (results/PROFILE/*.csv)",
         description="Read every run of the profile's grid and write results.csv (one row per run), "
         "history.csv (per epoch), memory.csv (per stage), fidelity.csv, summary.csv "
-        "(mean, std, n over seeds) and metrics/GROUP.json (DVC metrics: top-1 mean, std, n; a file per group "
-        "of runs, so `dvc metrics show` prints a row each).",
+        "(mean, std, n over seeds) and metrics/GROUP.json (DVC metrics: top-1 mean, std, n; a language model's "
+        "test loss and bits per character; a file per group of runs, so `dvc metrics show` prints a row each); "
+        "then print the paths and a line per group: top-1/top-5, or test loss, bits per character and perplexity.",
     )
     p.add_argument(
         "--profile", required=True, help="a profile, by name (cpu) or path (workflow/config/profiles/cpu.yaml)"

@@ -12,9 +12,14 @@ profile varies besides, e.g. ``epochs``). ``summarize(results)`` groups runs ove
 sample std, n). Everything here only reads the run records; the report's tables and figures
 read these files only.
 
+A language model's run (a family without top-1, e.g. a character-level GPT) has its own final
+metrics (``TEXT_FINAL``: test loss in nats per character, bits per character, perplexity, token
+accuracy); their columns appear only where such runs are, so an image profile's tables are as before.
+
 DVC's metrics are one small JSON file per group of runs (``metrics/GROUP.json``: top-1 mean, its
-std where n > 1, n), because ``dvc metrics show`` prints one row per file and one column per key:
-a single nested file made one row thousands of characters wide.
+std where n > 1, n; a language model's test loss and bits per character instead), because
+``dvc metrics show`` prints one row per file and one column per key: a single nested file made one
+row thousands of characters wide.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ FINAL = [
     "wall_time_s",
     "top1_bn_reestimated",
 ]
+# a language model's (families without top-1: metrics.json has these, and no top1)
+TEXT_FINAL = ["test_bpc", "test_ppl", "test_acc", "train_bpc", "train_ppl", "best_test_loss"]
 # a population's evaluation (metrics.json "population", runs with replicas > 1), as pop_* columns
 POPULATION = ["members_top1_mean", "ensemble_top1", "average_top1", "average_top1_bn_reestimated"]
 SUMMARY_METRICS = [
@@ -90,6 +97,7 @@ def read_run(run_dir: Path, ident: dict) -> dict[str, pd.DataFrame]:
     row = {
         **ident,
         **{m: metrics.get(m) for m in FINAL},
+        **{m: metrics[m] for m in TEXT_FINAL if m in metrics},
         "epochs_done": metrics.get("epochs"),
         "params": metrics["params"],
         "num_stages": len(kinds),
@@ -198,7 +206,7 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
             epochs=int(g.epochs_done.iloc[0]),
             batch_size=int(g.cfg_batch_size.iloc[0]),
         )
-        for m in SUMMARY_METRICS:
+        for m in [*SUMMARY_METRICS, *(m for m in TEXT_FINAL if m in results.columns)]:
             values = pd.to_numeric(g[m], errors="coerce")
             row[f"{m}_mean"] = values.mean()
             row[f"{m}_std"] = values.std(ddof=1) if len(values) > 1 else float("nan")
@@ -214,6 +222,11 @@ def _name_part(key: str, value) -> str:
     return f"{key}={slug}" if slug else ""
 
 
+def _width_part(width) -> str:
+    """``-w64``; '' for a model whose width is its arch's own (unset)."""
+    return "" if width is None or (isinstance(width, float) and math.isnan(width)) else f"-w{width}"
+
+
 def _wordy(column: pd.Series) -> bool:
     """A column of names (an optimizer, a rule), not of numbers or lists of them (epochs, milestones)."""
     return any(re.search("[A-Za-z]", str(v)) for v in column.dropna())
@@ -224,7 +237,7 @@ def group_names(summary: pd.DataFrame) -> list[str]:
     the profile varies that are needed to tell the rows apart (greedily, the most telling first; on a
     tie a named choice such as the optimizer before a number such as the learning rate)."""
     records = summary.to_dict("records")
-    names = [f"{r['dataset']}-{r['arch']}-w{r['width']}-{r['method']}-k{r['k']}" for r in records]
+    names = [f"{r['dataset']}-{r['arch']}{_width_part(r['width'])}-{r['method']}-k{r['k']}" for r in records]
     candidates = [c for c in group_keys(summary) if c not in grid.IDENTITY]
     chosen: list[str] = []
 
@@ -250,11 +263,38 @@ def metrics_files(summary: pd.DataFrame) -> dict[str, dict]:
     if summary.empty:
         return out
     for name, r in zip(group_names(summary), summary.to_dict("records")):
-        leaf = {"top1_mean": round(float(r["top1_mean"]), 4), "n": int(r["n"])}
-        if r["n"] > 1:
-            leaf["top1_std"] = round(float(r["top1_std"]), 4)
+        text = math.isnan(float(r["top1_mean"])) and not math.isnan(float(r.get("test_bpc_mean", math.nan)))
+        leaf = {"n": int(r["n"])}
+        for m in ("test_loss", "test_bpc") if text else ("top1",):
+            leaf[f"{m}_mean"] = round(float(r[f"{m}_mean"]), 4)
+            if r["n"] > 1:
+                leaf[f"{m}_std"] = round(float(r[f"{m}_std"]), 4)
         out[name] = leaf
     return out
+
+
+def _mean_std(r: dict, metric: str, digits: int) -> str:
+    """``80.12 ± 0.31`` (the std only where n > 1)."""
+    std = r[f"{metric}_std"]
+    return f"{r[f'{metric}_mean']:.{digits}f}" + ("" if r["n"] < 2 or math.isnan(std) else f" ± {std:.{digits}f}")
+
+
+def summary_lines(summary: pd.DataFrame) -> list[str]:
+    """One line per group of runs (``petra results`` prints them): top-1 and top-5 of image
+    classifiers; test loss (nats per character), bits per character and perplexity of language models."""
+    lines = []
+    if summary.empty:
+        return lines
+    for name, r in zip(group_names(summary), summary.to_dict("records")):
+        if math.isnan(float(r["top1_mean"])) and not math.isnan(float(r.get("test_bpc_mean", math.nan))):
+            quality = (
+                f"test loss {_mean_std(r, 'test_loss', 4)} nats/char, {_mean_std(r, 'test_bpc', 4)} bits/char, "
+                f"perplexity {_mean_std(r, 'test_ppl', 3)}"
+            )
+        else:
+            quality = f"top-1 {_mean_std(r, 'top1', 2)} %, top-5 {_mean_std(r, 'top5', 2)} %"
+        lines.append(f"{name}: {quality} (n = {r['n']})")
+    return lines
 
 
 def write(frames: dict[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:

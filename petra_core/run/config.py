@@ -31,6 +31,8 @@ _POSITIVE = (
     "replicas",
     "subset",
     "threads",
+    "context",
+    "windows_per_epoch",
 )  # or None, where the key may be empty
 _NON_NEGATIVE = (
     "base_lr",
@@ -43,6 +45,9 @@ _NON_NEGATIVE = (
 )
 
 
+TEXT_CONTEXTS = {"cpu": 64, "gpu": 256}  # the character-level GPT sizes' contexts (families/transformers.py LM_SIZES)
+
+
 class ConfigError(ValueError):
     """A bad configuration: the message names the key and what is allowed."""
 
@@ -52,6 +57,7 @@ def _registry(name: str) -> dict:
     a typo in a config must be answered before that (``petra train bad_key=1`` in a blink)."""
     from ..data.sources import DATASETS, SOURCES
     from ..engine.phases import PHASES
+    from ..families.registry import FAMILIES
     from ..methods import METHODS
     from ..models.aux_heads import AUX_HEADS
     from ..models.specs import ARCHS
@@ -61,6 +67,7 @@ def _registry(name: str) -> dict:
 
     return {
         "ARCHS": ARCHS,
+        "MODEL_ARCHS": {arch: family for family in FAMILIES.values() for arch in family.archs},
         "AUX_HEADS": AUX_HEADS,
         "DATASETS": DATASETS,
         "METHODS": METHODS,
@@ -114,8 +121,26 @@ def _key(default, help, choices: Collection | Callable | None = None, example: s
 @dataclass
 class RunConfig:
     # what is trained
-    arch: str = _key("revnet18", "model", _names("ARCHS"))
-    width: int = _key(64, "base channel width (64 = the paper's models)")
+    arch: str = _key("revnet18", "model (any registered model family's)", _names("MODEL_ARCHS"))
+    width: int | None = _key(
+        None,
+        "base channel width of a ResNet/RevNet (unset: 64 = the paper's models); a transformer's embedding "
+        "width (unset: its arch's or size's)",
+    )
+    size: str | None = _key(
+        None,
+        "text datasets: the character-level GPT's shape, nanoGPT's: cpu (4 layers, 4 heads, 128-dim, context "
+        "64) or gpu (6, 6, 384, 256); unset: cpu",
+        (None, *TEXT_CONTEXTS),
+    )
+    context: int | None = _key(
+        None, "text datasets: characters per window, the model's context T (unset: the size's, 64 or 256)"
+    )
+    windows_per_epoch: int | None = _key(
+        None,
+        "text datasets: training windows per epoch, drawn at random (unset: (training characters - 1) // "
+        "context, about one pass over the training split); an epoch ends with an evaluation and a checkpoint",
+    )
     method: str = _key("petra", "training method", _names("METHODS"))
     aux_head: str | None = _key(
         None,
@@ -266,8 +291,25 @@ class RunConfig:
                 for name, value in values.items()
             }
         )
+        cfg._check_choices()
+        cfg._fill_model_defaults()
         cfg.validate()
         return cfg
+
+    def _fill_model_defaults(self) -> None:
+        """What an unset model key means, written into the config (and so into the run's record): a
+        ResNet/RevNet's width 64 (as before width could be unset); on a text dataset, the size cpu and
+        its context."""
+        if self.width is None and self.arch in _registry("ARCHS"):
+            self.width = 64
+        if self.data_kind() == "text":
+            self.size = "cpu" if self.size is None else self.size
+            if self.context is None and self.size in TEXT_CONTEXTS:  # a bad size is refused by validate
+                self.context = TEXT_CONTEXTS[self.size]
+
+    def data_kind(self) -> str:
+        """``images`` or ``text``: what the dataset holds (its source's kind)."""
+        return _registry("SOURCES")[self.dataset].kind
 
     @classmethod
     def load(cls, *paths: str | Path, overrides: list[str] = ()) -> RunConfig:
@@ -405,18 +447,35 @@ class RunConfig:
                 f"would leave the heads untrained (use aux_head=null, or method local, fg-local-w, "
                 f"fg-local-a)"
             )
-        if method.needs_reversible and not ARCHS[self.arch].reversible:
+        if method.needs_reversible and self.arch in ARCHS and not ARCHS[self.arch].reversible:
             raise ConfigError(
                 f"method={self.method!r} needs a reversible model, arch={self.arch!r} has none; "
                 f"use a revnet, or method dsp"
             )
 
     def _check_data(self) -> None:
-        generated = _registry("SOURCES")[self.dataset].generated
-        if not generated and self.data_source is None and not self.prepared_path().exists():
+        source = _registry("SOURCES")[self.dataset]
+        if not (source.generated or source.fetches) and self.data_source is None and not self.prepared_path().exists():
             raise ConfigError(
                 f"dataset={self.dataset!r} needs data_source (raw data) or a prepared copy in {self.prepared_path()}"
             )
+        kind, reads = source.kind, _registry("MODEL_ARCHS")[self.arch].data_kind
+        if kind != reads:
+            readers = [a for a, family in _registry("MODEL_ARCHS").items() if family.data_kind == kind]
+            raise ConfigError(
+                f"arch={self.arch!r} reads {reads}, dataset={self.dataset!r} holds {kind}; allowed archs: "
+                f"{', '.join(readers) or 'none registered'}"
+            )
+        if kind != "text":
+            for key in ("size", "context", "windows_per_epoch"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(
+                        f"{key}={getattr(self, key)!r} is only used by text datasets "
+                        f"({', '.join(n for n, s in _registry('SOURCES').items() if s.kind == 'text')}); "
+                        f"dataset={self.dataset!r} holds images (use {key}=null)"
+                    )
+        elif self.subset is not None:
+            raise ConfigError(f"subset={self.subset!r} subsets an image dataset; dataset={self.dataset!r} is text")
 
     def prepared_path(self) -> Path:
         return Path(self.data_dir) / self.dataset

@@ -34,6 +34,11 @@ def evaluate(model, stream) -> dict:
     return model.family.eval_record(sums, n)
 
 
+def has_batch_norm(model) -> bool:
+    """Does ``model`` hold batch-norm layers (running statistics that :func:`reestimate_batch_norm` redoes)?"""
+    return any(isinstance(m, _BatchNorm) for m in model.modules())
+
+
 @torch.no_grad()
 def reestimate_batch_norm(model, train_stream, num_batches: int):
     """A copy of ``model`` whose batch-norm running statistics are the plain average over the

@@ -128,11 +128,14 @@ def run_ranks(argv: Sequence[str], nprocs: int, *, env: dict | None = None) -> i
     return exit_status([p.returncode for p in procs])
 
 
-def stage_count(arch: str, width: int) -> int:
-    """The stages of ``arch`` (built on the meta device: no memory, no initialisation)."""
+def stage_count(arch: str, width: int | None = None, **options) -> int:
+    """The stages of ``arch`` built with ``width`` (unset: its own) and its family's other ``options``
+    (on the meta device: no memory, no initialisation)."""
     import torch
 
     from ..families import build
 
+    if width is not None:
+        options["width"] = width
     with torch.device("meta"):
-        return len(build(arch, num_classes=2, width=width))
+        return len(build(arch, num_classes=2, **options))

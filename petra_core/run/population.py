@@ -8,6 +8,8 @@ What is reported (``metrics.json``, key ``population``):
   evaluated as it is (the averaged running statistics are *not* the statistics of the averaged
   model) and with its batch-norm statistics re-estimated on the run's ``bn_reestimate_batches``
   fixed training batches (:func:`~petra_core.run.evaluation.reestimate_batch_norm`);
+* for a family without top-1 (a language model, :func:`family_population`): every model's test
+  loss and their mean, and the weight average's test record as ``average_*``;
 The model whose test record is the run's (``evaluated_model``, :func:`evaluated_record`): replica
 0 (petra's default), the replicas' weight average (what the official CDP code evaluates after
 training: the mean of every parameter and batch-norm statistic, as above, evaluated as it is), or
@@ -87,6 +89,8 @@ def evaluated_record(choice: str, models, test_stream, replica0: dict) -> dict:
 
 def evaluate_population(models, test_stream, train_stream, bn_batches: int) -> dict:
     """The ``population`` record of ``models`` (see the module docstring), floats not included."""
+    if "top1" not in models[0].family.eval_names:
+        return family_population(models, test_stream)
     members, ensemble = members_and_ensemble(models, test_stream)
     average = average_model(models)
     out = {
@@ -102,3 +106,17 @@ def evaluate_population(models, test_stream, train_stream, bn_batches: int) -> d
         )["top1"]
         out["bn_reestimate_batches"] = min(bn_batches, train_stream.num_batches)
     return out
+
+
+def family_population(models, test_stream) -> dict:
+    """The ``population`` record of models whose family has no top-1 (a language model): every
+    model's test loss and their mean, and the weight average's test record (its family's fields,
+    ``average_*``); no ensemble, no batch-norm statistics."""
+    members = [evaluate(m, test_stream)["test_loss"] for m in models]
+    average = evaluate(average_model(models), test_stream)
+    return {
+        "replicas": len(models),
+        "members_test_loss": members,
+        "members_test_loss_mean": sum(members) / len(members),
+        **{f"average_{key}": value for key, value in average.items()},
+    }

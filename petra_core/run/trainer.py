@@ -42,7 +42,7 @@ from ..replicas import get_rule
 from . import runio
 from .checkpoints import Checkpoints
 from .config import ConfigError, RunConfig, check_same_run
-from .evaluation import evaluate, reestimate_batch_norm
+from .evaluation import evaluate, has_batch_norm, reestimate_batch_norm
 from .loggers import make_logger
 from .population import evaluate_population, evaluated_record
 from .session import Session, SessionPlan
@@ -88,7 +88,21 @@ def data_arguments(cfg: RunConfig) -> dict:
             num_classes=cfg.synthetic_classes,
             **common,
         )
+    if cfg.data_kind() == "text":  # windows of context characters; no subset (the config refuses one)
+        common.update(context=cfg.context, windows_per_epoch=cfg.windows_per_epoch)
     return dict(name=cfg.dataset, source=cfg.data_source, prepared_dir=cfg.prepared_path(), **common)
+
+
+def model_arguments(cfg: RunConfig) -> dict:
+    """The arguments of :func:`petra_core.families.build` the config decides (the data decides the
+    classes and the stem): arch, auxiliary heads, the width where it is set, and on a text dataset
+    the size and context."""
+    out = dict(arch=cfg.arch, width=cfg.width, aux_head=cfg.aux_head)
+    if cfg.width is None:  # the arch's own width
+        del out["width"]
+    if cfg.data_kind() == "text":
+        out.update(size=cfg.size, context=cfg.context)
+    return out
 
 
 def session_plan(cfg: RunConfig) -> SessionPlan:
@@ -119,7 +133,7 @@ def session_plan(cfg: RunConfig) -> SessionPlan:
         dist_timeout=cfg.dist_timeout,
         replicas=cfg.replicas,
         data=data,
-        model=dict(arch=cfg.arch, width=cfg.width, aux_head=cfg.aux_head),
+        model=model_arguments(cfg),
         seed=cfg.seed,
         channels_last=cfg.channels_last,
         epochs=cfg.epochs,
@@ -367,16 +381,17 @@ class Trainer:
         peaks = pipe.gather_object(
             [sum(w.peak_kept.values()) for w in pipe.workers] if 0 in pipe.world.placement.replicas else []
         )
-        model = rt.model_for_eval() if cfg.bn_reestimate_batches else None
+        # a model without batch norm (a transformer) has no statistics to re-estimate
+        model = rt.model_for_eval() if cfg.bn_reestimate_batches and has_batch_norm(rt.model) else None
         floats = rt.floats_sent_per_replica()
         # replicas whose weights a rule keeps identical (the sharded rules' all-gather) form no population
         population = rt.population_for_eval() if cfg.replicas > 1 and not pipe.rule.same_weights else None
         members = population  # the models whose weight average evaluated_model may evaluate
         if population is None and cfg.evaluated_model != "replica0":  # equal weights: replica 0 is the average
-            members = [model if cfg.bn_reestimate_batches else rt.model_for_eval()]
+            members = [model if model is not None else rt.model_for_eval()]
 
         def write():
-            metrics = final_metrics(self.history, steps, [p for part in peaks for p in part])
+            metrics = final_metrics(self.history, steps, [p for part in peaks for p in part], rt.model.family)
             metrics.update(
                 params=rt.model.num_params(),
                 aux_params=rt.model.num_params(aux=True),
@@ -397,9 +412,8 @@ class Trainer:
             metrics.update(evaluated_record(cfg.evaluated_model, members, rt.data.test, metrics))
             if population is not None:
                 start = time.perf_counter()
-                metrics["population"] = evaluate_population(
-                    population, rt.data.test, rt.data.train, cfg.bn_reestimate_batches
-                )
+                bn_batches = cfg.bn_reestimate_batches if has_batch_norm(rt.model) else 0
+                metrics["population"] = evaluate_population(population, rt.data.test, rt.data.train, bn_batches)
                 metrics["population_eval_time_s"] = time.perf_counter() - start
             runio.write_json(self.run_dir / runio.METRICS, metrics)
             return metrics
@@ -509,9 +523,12 @@ def epoch_line(entry: dict, epochs: int, history: list[dict]) -> str:
     return f"epoch {entry['epoch']}/{epochs}: {fields}, {entry['images_per_s']:.0f} images/s, ETA {eta}"
 
 
-def final_metrics(history: list[dict], optimizer_steps: int, peak_kept_bytes: list[int]) -> dict:
+def final_metrics(history: list[dict], optimizer_steps: int, peak_kept_bytes: list[int], family=None) -> dict:
     """The run's summary. The last epoch is always evaluated; ``best_top1`` and
-    ``top1_last10_mean`` (Fig. 4's "last 10 epochs") use the evaluated epochs among them."""
+    ``top1_last10_mean`` (Fig. 4's "last 10 epochs") use the evaluated epochs among them. A
+    ``family`` whose evaluation has no top-1 (a language model) gets :func:`family_metrics`."""
+    if family is not None and "top1" not in family.eval_names:
+        return family_metrics(history, optimizer_steps, peak_kept_bytes)
     last = history[-1]
     evaluated = [h["top1"] for h in history if h["top1"] is not None]
     tail = [h["top1"] for h in history[-10:] if h["top1"] is not None]
@@ -523,6 +540,26 @@ def final_metrics(history: list[dict], optimizer_steps: int, peak_kept_bytes: li
         "train_acc": last["train_acc"],
         "best_top1": max(evaluated),
         "top1_last10_mean": sum(tail) / len(tail),
+        "epochs": len(history),
+        "optimizer_steps": optimizer_steps,
+        "peak_kept_bytes": peak_kept_bytes,
+        "images_per_s": sum(h["images_per_s"] * h["wall_time_s"] for h in history)
+        / sum(h["wall_time_s"] for h in history),
+        "wall_time_s": sum(h["wall_time_s"] + h["eval_time_s"] for h in history),
+    }
+
+
+def family_metrics(history: list[dict], optimizer_steps: int, peak_kept_bytes: list[int]) -> dict:
+    """The summary of a run whose family has no top-1 (a language model): the last epoch's training
+    and test fields (the family's: loss, bits per character, perplexity, accuracy), the lowest test
+    loss over the evaluated epochs, and the same counts as an image run's."""
+    last = history[-1]
+    fields = {key: value for key, value in last.items() if key not in NOT_IN_EPOCH_LINE}
+    evaluated = [h["test_loss"] for h in history if h["test_loss"] is not None]
+    return {
+        **{key: value for key, value in fields.items() if key.startswith("test_")},
+        **{key: value for key, value in fields.items() if key.startswith("train_")},
+        "best_test_loss": min(evaluated),
         "epochs": len(history),
         "optimizer_steps": optimizer_steps,
         "peak_kept_bytes": peak_kept_bytes,

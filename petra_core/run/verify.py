@@ -31,7 +31,7 @@ TIMING = {
 }  # differ run to run
 # what decides a run's bits, as env.json names it; "gpus", "cuda", "cudnn" only on CUDA
 # what a history holds only on the epochs the test set is evaluated
-TEST_EVALUATION = ("test_loss", "top1", "top5")
+TEST_EVALUATION = ("test_loss", "top1", "top5", "test_bpc", "test_ppl", "test_acc")  # images; text
 DECISIVE = ("git_revision", "torch", "cpu_capability", "cpu_model", "torch_threads", "device", "gpus", "cuda", "cudnn")
 
 

@@ -27,11 +27,11 @@ RUNS_ROOT = Path("runs")
 CHECKPOINTS_ROOT = Path("checkpoints")  # the same tree as runs/, for checkpoints (DVC's, not git's)
 PROFILES_DIR = Path("workflow/config/profiles")  # where --profile NAME is looked up (from the repository root)
 RUN_NAME = "{method}-k{k}-seed{seed}"
-MODEL_DIR = "{arch}-w{width}"
+MODEL_DIR = "{arch}-w{width}"  # an unset width (a transformer's own) leaves out -w{width}; a text size is added
 # Snakemake's view of a run directory: runs/{profile}/{dataset}/{model}/{run}
 RUN_DIR_PATTERN = "runs/{profile}/{dataset}/{model}/{run}"
 CHECKPOINT_DIR_PATTERN = "checkpoints/{profile}/{dataset}/{model}/{run}"
-WILDCARDS = {"model": r"[a-z]+[0-9]+-w[0-9]+", "run": r"[^/]+"}
+WILDCARDS = {"model": r"[a-z]+[0-9]*(-w[0-9]+)?(-[a-z]+)?", "run": r"[^/]+"}
 IDENTITY = ("profile", "dataset", "arch", "width", "method", "k", "seed")  # what every results row starts with
 
 __all__ = [
@@ -60,7 +60,7 @@ class GridRun:
     @property
     def directory(self) -> Path:
         c = self.config
-        return RUNS_ROOT / self.profile / c.dataset / MODEL_DIR.format(arch=c.arch, width=c.width) / self.name
+        return RUNS_ROOT / self.profile / c.dataset / model_dir(c) / self.name
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -156,4 +156,11 @@ def varying_keys(grid_runs: list[GridRun]) -> list[str]:
 
 def default_run_dir(cfg: RunConfig) -> Path:
     """Where ``petra train`` puts a run given without ``--run-dir`` (no profile)."""
-    return RUNS_ROOT / cfg.dataset / MODEL_DIR.format(arch=cfg.arch, width=cfg.width) / RUN_NAME.format(**cfg.to_dict())
+    return RUNS_ROOT / cfg.dataset / model_dir(cfg) / RUN_NAME.format(**cfg.to_dict())
+
+
+def model_dir(cfg: RunConfig) -> str:
+    """``ARCH-wWIDTH`` (a ResNet/RevNet always has a width); ``ARCH`` where the width is the arch's
+    own; a text model's size appended (``revgpt-cpu``)."""
+    name = cfg.arch if cfg.width is None else MODEL_DIR.format(arch=cfg.arch, width=cfg.width)
+    return name if cfg.size is None else f"{name}-{cfg.size}"
