@@ -3,8 +3,7 @@
 The model is a tiny char-LM family of this file's own (token embedding, a Linear block, LM head),
 on the contract of the character-level GPT family (``families/transformers.py``): (B, T) token
 ids in, (B, T, V) logits out, loss and metrics per token (loss, bits per character, perplexity,
-accuracy). ``ARCHS`` lists the archs trained here: add ``revgpt`` (the character-LM family's) to
-train the real one the same way.
+accuracy). ``ARCHS`` lists the archs trained here: the tiny one and the real ``revgpt``.
 """
 
 import json
@@ -27,7 +26,7 @@ from petra_core.families.registry import FAMILIES, register_family
 from petra_core.models.stage import Stage
 from petra_core.run.config import TEXT_CONTEXTS, ConfigError, RunConfig
 
-ARCHS = ["tinylm"]  # the lead adds "revgpt" when the character-LM family is merged
+ARCHS = ["tinylm", "revgpt"]
 
 
 class TokenEmbedding(Stage):

@@ -107,6 +107,7 @@ class CharacterLM(ModelFamily):
     """
 
     name = "character-lm"
+    data_kind = "text"  # token windows of a text source (petra_core/data/text.py)
     train_sums = ("correct", "tokens")
     eval_names = ("test_loss", "test_bpc", "test_ppl", "test_acc")
 
