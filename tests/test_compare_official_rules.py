@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "official"
@@ -29,7 +30,10 @@ def record(name: str) -> dict:
 
 @pytest.mark.parametrize(
     "name,repo,needed",
-    [("acco", "edouardoyallon/acco", "trainer_decoupled.py")],
+    [
+        ("acco", "edouardoyallon/acco", "trainer_decoupled.py"),
+        ("cdp", "fournierlouis/Cyclic_Data_Parallelism", "cdp_utils.py"),
+    ],
 )
 def test_a_directory_without_the_official_code_is_one_line_and_exit_2(tmp_path, capsys, name, repo, needed):
     with pytest.raises(SystemExit) as exit_:
@@ -72,3 +76,33 @@ def test_acco_record_names_and_arguments():
     assert acco.float32(2**-10) == 2**-10 and acco.float32(1e-3) != 1e-3  # why the default rate is 2^-10
     with pytest.raises(SystemExit):
         acco.parse_args(["--official", "x", "--k", "3"])
+
+
+def test_cdp_matches_the_official_rules_bit_for_bit_and_the_average_it_evaluates():
+    r = record("cdp")
+    assert re.fullmatch(r"[0-9a-f]{40}", r["official_commit"])
+    assert r["match"] is True and r["tolerance"] == 0.0 and r["setup"]["steps"] >= 20
+    rules = {x["rule"]: x for x in r["rules"]}
+    assert set(rules) == {"dp", "cdp1", "cdp2"}
+    for x in rules.values():
+        assert x["max_abs_loss_diff"] == 0.0 and max(x["max_abs_param_diff_per_replica"]) == 0.0
+        assert x["max_abs_average_diff"] == 0.0 and x["official_stages"] == r["setup"]["stages"]
+        assert x["losses_compared"] == x["losses_official"] == x["losses_petra"] == 2 * r["setup"]["steps"]
+    # not vacuous: the rules train differently, and cdp2's replicas drift apart (dp's do not)
+    assert rules["cdp2"]["replicas_differ"] and not rules["dp"]["replicas_differ"]
+    assert len({x["last_loss"]["official"] for x in rules.values()}) == 3
+
+
+def test_cdps_flat_stages_compute_what_petras_stages_compute():
+    """The official side's model (each stage's parameters one flat tensor, for the official split
+    by parameter tensors) gives petra's model's output and gradients bit for bit."""
+    cdp = script("cdp")
+    petra, flat = cdp.make_model(), cdp.FlatStages(cdp.make_model())
+    assert len(list(flat.parameters())) == len(petra)  # one parameter tensor per stage
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    out = petra(x)
+    assert torch.equal(out, flat(x))
+    out.square().sum().backward()
+    flat(x).square().sum().backward()
+    grads = [torch.nn.utils.parameters_to_vector([p.grad for p in stage.parameters()]) for stage in petra]
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, flat.parameters(), strict=True))
