@@ -33,6 +33,7 @@ def record(name: str) -> dict:
     [
         ("acco", "edouardoyallon/acco", "trainer_decoupled.py"),
         ("cdp", "fournierlouis/Cyclic_Data_Parallelism", "cdp_utils.py"),
+        ("papa", "SamsungSAILMontreal/PAPA", "models/combined.py"),
     ],
 )
 def test_a_directory_without_the_official_code_is_one_line_and_exit_2(tmp_path, capsys, name, repo, needed):
@@ -106,3 +107,27 @@ def test_cdps_flat_stages_compute_what_petras_stages_compute():
     flat(x).square().sum().backward()
     grads = [torch.nn.utils.parameters_to_vector([p.grad for p in stage.parameters()]) for stage in petra]
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, flat.parameters(), strict=True))
+
+
+def test_papa_matches_the_official_ema_loop_with_the_official_phase_and_not_with_petras():
+    r = record("papa")
+    assert re.fullmatch(r"[0-9a-f]{40}", r["official_commit"])
+    assert r["match"] is True and r["setup"]["phase"] == "official" and r["setup"]["steps"] >= 20
+    x = r["result"]
+    assert x["max_abs_loss_diff"] <= r["tolerance"] == 1e-12 and max(x["max_abs_state_diff_per_network"]) == 0.0
+    assert x["losses_compared"] == x["losses_official"] == x["losses_petra"] == r["setup"]["steps"]
+    # i from 0 in each epoch of 10 steps, i % 4 == 0; the networks start apart and stay apart
+    assert x["official_averages_after_steps"] == [0, 4, 8, 10, 14, 18] and x["networks_differ"]
+    own = record("papa_petra_phase")
+    assert own["match"] is False and own["setup"]["phase"] == "petra"
+    assert own["result"]["first_loss_beyond_tolerance"] == 1  # the official code averaged after step 0
+
+
+def test_papas_epoch_loader_gives_a_new_epoch_at_each_iter():
+    papa = script("papa")
+    loader = papa.EpochLoader(list(range(6)), 3)
+    assert len(loader) == 3 and list(iter(loader)) == [0, 1, 2] and list(iter(loader)) == [3, 4, 5]
+    args = papa.parse_args(["--official", "x"])
+    assert papa.official_args(args).ema_alpha == 1 - args.rate == 0.9375  # exact in the official float32
+    with pytest.raises(SystemExit):
+        papa.parse_args(["--official", "x", "--steps", "15"])  # not whole epochs
