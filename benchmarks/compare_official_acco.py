@@ -33,7 +33,7 @@ Changes to the official code, all said in the record:
   which torch steps only on accelerators; the script puts into the module's ``AdamW`` name a
   factory that builds torch's AdamW with ``capturable=False`` and the float the tensor holds (the
   same update through torch's CPU path, the one petra's shards take);
-* imports the comparison never runs are stubbed with empty modules: ``datasets``,
+* imports the comparison never runs are stubbed with empty modules where not installed: ``datasets``,
   ``torch.utils.tensorboard`` (``SummaryWriter``), ``utils.trainer_utils`` (``LabelSmoother``),
   ``transformers`` (``DataCollatorForLanguageModeling``, and ``get_scheduler``, which
   ``prepare_opt`` calls: it returns transformers' ``constant`` schedule, ``LambdaLR(opt, lambda
@@ -93,12 +93,13 @@ def cpu_adamw(params, lr, capturable=False, **kwargs):
 
 
 def import_official(path: Path):
-    """The official ``trainer_decoupled`` module, its unused imports stubbed and ``AdamW`` replaced."""
+    """The official ``trainer_decoupled`` module (its unused imports stubbed where they are not
+    installed, ``AdamW`` replaced) and the names stubbed."""
     placeholder = type("NotRunHere", (), {})
     sys.path.insert(0, str(path))
     import utils  # noqa: F401  the repository's utils package, before one of its modules is stubbed
 
-    stub_modules(
+    stubbed = stub_modules(
         {
             "datasets": {},
             "torch.utils.tensorboard": {"SummaryWriter": placeholder},
@@ -109,7 +110,7 @@ def import_official(path: Path):
     import trainer_decoupled as official  # the repository's trainer_decoupled.py
 
     official.AdamW = cpu_adamw
-    return official
+    return official, stubbed
 
 
 class AsOfficialModel(torch.nn.Module):
@@ -133,7 +134,7 @@ def official_rank(rank: int, port: int, path: str, args: argparse.Namespace, out
     warnings.filterwarnings("ignore", message=".*(CUDA is not available|deprecated)")  # autocast('cuda'), gloo names
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=REPLICAS)
-    official = import_official(Path(path))
+    official, stubbed = import_official(Path(path))
     n = args.k // 2
     data = make_batches(args)
     mine = [{"input_ids": x, "labels": y} for x, y in data[rank::REPLICAS]]
@@ -186,12 +187,13 @@ def official_rank(rank: int, port: int, path: str, args: argparse.Namespace, out
         official.update_buffers_step(
             t.params, t.com_buffer, t.len_params, t.count_grad_this_round, t.count_grad_local, c
         )
-    torch.save({"losses": t.model.losses, "weights": t.com_buffer[: t.len_params].clone()}, f"{out}/rank{rank}.pt")
+    result = {"losses": t.model.losses, "weights": t.com_buffer[: t.len_params].clone(), "stubbed": stubbed}
+    torch.save(result, f"{out}/rank{rank}.pt")
     dist.destroy_process_group()
 
 
-def run_official(path: Path, args) -> tuple[list[float], list[torch.Tensor]]:
-    """The losses in petra's minibatch order (i·2 + r) and each rank's final weights."""
+def run_official(path: Path, args) -> tuple[list[float], list[torch.Tensor], list[str]]:
+    """The losses in petra's minibatch order (i·2 + r), each rank's final weights, the imports stubbed."""
     with tempfile.TemporaryDirectory() as out, socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -200,7 +202,7 @@ def run_official(path: Path, args) -> tuple[list[float], list[torch.Tensor]]:
         ranks = [torch.load(f"{out}/rank{r}.pt") for r in range(REPLICAS)]
     per_rank = [r["losses"] for r in ranks]
     losses = [per_rank[i % REPLICAS][i // REPLICAS] for i in range(sum(map(len, per_rank)))]
-    return losses, [r["weights"] for r in ranks]
+    return losses, [r["weights"] for r in ranks], ranks[0]["stubbed"]
 
 
 # ---- the problem and petra's side ------------------------------------------------------------------
@@ -251,7 +253,7 @@ def run_petra(args) -> tuple[list[float], list[torch.Tensor]]:
 
 def compare(path: Path, args) -> dict:
     start = time.perf_counter()
-    theirs, their_weights = run_official(path, args)
+    theirs, their_weights, stubbed = run_official(path, args)
     official_s = time.perf_counter() - start
     start = time.perf_counter()
     ours, our_weights = run_petra(args)
@@ -268,6 +270,7 @@ def compare(path: Path, args) -> dict:
         and losses["max_abs_loss_diff"] <= TOLERANCE
         and param_diff <= TOLERANCE,
         "seconds": {"official": round(official_s, 1), "petra": round(petra_s, 1)},
+        "stubbed": stubbed,
     }
 
 
@@ -343,8 +346,8 @@ def main(argv=None) -> int:
             ),
             "AdamW(capturable=True, lr=tensor) built as AdamW(capturable=False, lr=float): torch has no "
             "capturable AdamW on CPU",
-            "stubbed imports: datasets, torch.utils.tensorboard, utils.trainer_utils, transformers "
-            "(get_scheduler gives the constant schedule LambdaLR(opt, lambda _: 1))",
+            f"stubbed imports (not installed here): {', '.join(r['stubbed']) or 'none'} (a stubbed "
+            "transformers.get_scheduler gives the constant schedule LambdaLR(opt, lambda _: 1))",
             "DecoupledTrainer made without __init__ (data sets, SLURM, NCCL); its attributes set as "
             "__init__ and initialize_com set them",
         ],

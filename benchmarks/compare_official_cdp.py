@@ -23,7 +23,7 @@ momentum 0.9 (no Nesterov, petra ``nesterov=false``), weight decay 5e-4, a const
 steps compared (the official StepLR steps once per epoch, every 30; no epoch ends here).
 
 Changes to the official code: none to what runs. Imports it never runs here are stubbed with empty
-modules: ``fvcore.nn`` (``FlopCountAnalysis``, used only by ``--partition_strategy flops``).
+modules where not installed: ``fvcore.nn`` (``FlopCountAnalysis``, used only by ``--partition_strategy flops``).
 
 Nothing of the official code is copied here: it is imported from ``--official PATH``.
 
@@ -65,13 +65,13 @@ TOLERANCE = 0.0  # float64, the same operations in the same order: bit for bit
 
 
 def import_official(path: Path):
-    """The official ``cdp_utils`` and ``net_utils`` modules."""
-    stub_modules({"fvcore.nn": {"FlopCountAnalysis": type("NotRunHere", (), {})}})
+    """The official ``cdp_utils`` and ``net_utils`` modules, and the imports stubbed (not installed)."""
+    stubbed = stub_modules({"fvcore.nn": {"FlopCountAnalysis": type("NotRunHere", (), {})}})
     sys.path.insert(0, str(path))
     import cdp_utils  # the repository's cdp_utils.py
     import net_utils  # the repository's net_utils.py
 
-    return cdp_utils, net_utils
+    return cdp_utils, net_utils, stubbed
 
 
 class FlatStages(nn.Module):
@@ -127,7 +127,7 @@ def official_rank(rank: int, port: int, path: str, rule: str, args: argparse.Nam
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=REPLICAS)
-    cdp_utils, net_utils = import_official(Path(path))
+    cdp_utils, net_utils, stubbed = import_official(Path(path))
     data = make_batches(args)
     model, criterion = FlatStages(make_model()), nn.CrossEntropyLoss(reduction="mean")  # create_model's criterion
     cdp = cdp_utils.CDP(model, rank, "cpu", REPLICAS, args.stages, "nb_stages", 16)
@@ -152,7 +152,13 @@ def official_rank(rank: int, port: int, path: str, rule: str, args: argparse.Nam
     weights = cdp.params.detach().clone()
     cdp.all_reduce(None)  # after training: the average the official code evaluates
     torch.save(
-        {"losses": losses, "weights": weights, "average": cdp.params.detach().clone(), "stages": cdp.nb_sub_stages},
+        {
+            "losses": losses,
+            "weights": weights,
+            "average": cdp.params.detach().clone(),
+            "stages": cdp.nb_sub_stages,
+            "stubbed": stubbed,
+        },
         f"{out}/rank{rank}.pt",
     )
     dist.destroy_process_group()
@@ -170,6 +176,7 @@ def run_official(path: Path, rule: str, args) -> dict:
         "weights": [r["weights"] for r in ranks],
         "average": ranks[0]["average"],
         "stages": ranks[0]["stages"],
+        "stubbed": ranks[0]["stubbed"],
     }
 
 
@@ -212,6 +219,7 @@ def compare(path: Path, rule: str, args) -> dict:
         "rule": rule,
         "official_update_rule": RULES[rule],
         "official_stages": theirs["stages"],
+        "stubbed": theirs["stubbed"],
         **losses,
         "max_abs_param_diff_per_replica": per_replica,
         "max_abs_average_diff": average,
@@ -278,7 +286,10 @@ def main(argv=None) -> int:
         "tolerance": TOLERANCE,
         "ran_official": "cdp_utils.CDP (__init__, weights_to_vec, all_reduce, forward, all_reduce_grad, update) "
         "and net_utils.load_optimizer on 2 gloo ranks, in main.run's order",
-        "change_to_official": ["stubbed import: fvcore.nn (FlopCountAnalysis, only for --partition_strategy flops)"],
+        "change_to_official": [
+            f"stubbed imports (not installed here): {', '.join(results[0]['stubbed']) or 'none'} (fvcore.nn: "
+            "FlopCountAnalysis, only for --partition_strategy flops)"
+        ],
         "match": all(r["match"] for r in results),
         "rules": results,
         "torch": torch.__version__,

@@ -30,7 +30,7 @@ losses are the same numbers). ``--phase petra`` runs petra's own phase instead, 
 two part (the averaging steps are the difference).
 
 Changes to the official code: none to what runs. Imports it never runs here are stubbed with empty
-modules: ``timm`` (only ``--timm_models``) and ``scipy.optimize`` (only ``--permutation``). The
+modules where not installed: ``timm`` (only ``--timm_models``) and ``scipy.optimize`` (only ``--permutation``). The
 official ``net_list`` is given the networks (``my_net_list``) and each network's minibatches as a
 list (``data_loaders``) instead of building them from a data set.
 
@@ -66,14 +66,14 @@ TOLERANCE = 1e-12  # float64; the averaging's two forms may differ by an ulp (mo
 
 
 def import_official(path: Path):
-    """The official ``net_list`` class and ``mix_weights_direct`` function."""
+    """The official ``net_list`` class and ``mix_weights_direct`` function, and the imports stubbed."""
     placeholder = type("NotRunHere", (), {})
-    stub_modules({"timm": {}, "scipy.optimize": {"linear_sum_assignment": placeholder}})
+    stubbed = stub_modules({"timm": {}, "scipy.optimize": {"linear_sum_assignment": placeholder}})
     sys.path.insert(0, str(path))
     from models.combined import net_list  # the repository's models/combined.py
     from recombine.permutations import mix_weights_direct  # the repository's recombine/permutations.py
 
-    return net_list, mix_weights_direct
+    return net_list, mix_weights_direct, stubbed
 
 
 def make_batches(args) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -154,10 +154,10 @@ class EpochLoader:
         return iter(self.batches[self.epoch * self.per_epoch : (self.epoch + 1) * self.per_epoch])
 
 
-def run_official(path: Path, nets: list, args) -> tuple[list[float], list]:
+def run_official(path: Path, nets: list, args) -> tuple[list[float], list, list[str]]:
     """The official training loop's steps (``main.main``, ``--ema_alpha < 1``): the per-step loss
-    (the population's sum, as the official code computes it) and the networks."""
-    net_list, mix_weights_direct = import_official(path)
+    (the population's sum, as the official code computes it), the networks, the imports stubbed."""
+    net_list, mix_weights_direct, stubbed = import_official(path)
     opt = official_args(args)
     data = make_batches(args)
     loaders = [EpochLoader(data[r::POPULATION], args.batches_per_epoch) for r in range(POPULATION)]
@@ -196,7 +196,7 @@ def run_official(path: Path, nets: list, args) -> tuple[list[float], list]:
                 mix_weights_direct(opt.device, unif_weights, net_avg, nets_)
                 for k in range(opt.n_pop):
                     mix_weights_direct(opt.device, ema_alpha, nets_[k], [nets_[k], net_avg])
-    return losses, models.get_nets()
+    return losses, models.get_nets(), stubbed
 
 
 def float_state(model) -> torch.Tensor:
@@ -208,7 +208,7 @@ def compare(path: Path, args) -> dict:
     sim = petra_run(args)
     initial = [copy.deepcopy(rep.model) for rep in sim.replicas]  # petra's initialisations, given to both
     start = time.perf_counter()
-    theirs, their_nets = run_official(path, initial, args)
+    theirs, their_nets, stubbed = run_official(path, initial, args)
     official_s = time.perf_counter() - start
     start = time.perf_counter()
     sim.run()
@@ -234,6 +234,7 @@ def compare(path: Path, args) -> dict:
         and losses["max_abs_loss_diff"] <= TOLERANCE
         and max(per_net) <= TOLERANCE,
         "seconds": {"official": round(official_s, 1), "petra": round(petra_s, 1)},
+        "stubbed": stubbed,
     }
 
 
@@ -301,7 +302,8 @@ def main(argv=None) -> int:
         "ran_official": "models.combined.net_list (forward, loss_fn, get_optimizers_schedulers, train, get_nets) "
         "and recombine.permutations.mix_weights_direct, in main.main's training-loop order, in one process",
         "change_to_official": [
-            "stubbed imports: timm (only --timm_models), scipy.optimize (only --permutation)",
+            f"stubbed imports (not installed here): {', '.join(r['stubbed']) or 'none'} (timm: only "
+            "--timm_models; scipy.optimize: only --permutation)",
             "net_list given the networks (my_net_list) and each network's minibatches, epoch by epoch "
             "(data_loaders), instead of data sets read from disk",
         ],

@@ -6,6 +6,7 @@ user's copy."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 import types
@@ -39,11 +40,18 @@ def official_commit(path: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def stub_modules(stubs: dict[str, dict]) -> None:
-    """An empty module (with the given attributes) for each name not importable as is; a dotted
-    name's parents are stubbed too. Only names the official code imports but the comparison never
-    runs should be stubbed, and every script says which in its record."""
+def stub_modules(stubs: dict[str, dict]) -> list[str]:
+    """An empty module (with the given attributes) for each name that cannot be imported as is (a
+    dotted name's missing parents are stubbed too); the names stubbed. Only names the official
+    code imports but the comparison never runs should be listed, and every script's record says
+    which were stubbed."""
+    stubbed = []
     for name, attributes in stubs.items():
+        try:
+            importlib.import_module(name)
+            continue  # installed: the official code gets the real one
+        except ImportError:
+            stubbed.append(name)
         parts = name.split(".")
         for i in range(1, len(parts) + 1):
             sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
@@ -52,6 +60,7 @@ def stub_modules(stubs: dict[str, dict]) -> None:
             setattr(module, key, value)
         if len(parts) > 1:
             setattr(sys.modules[".".join(parts[:-1])], parts[-1], module)
+    return stubbed
 
 
 def diffs(ours: list[float], theirs: list[float], tolerance: float) -> dict:
