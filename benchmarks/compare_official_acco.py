@@ -67,7 +67,14 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from official_common import check_official, diffs, official_commit, stub_modules, tensor_diff  # noqa: E402
+from official_common import (  # noqa: E402
+    check_official,
+    diffs,
+    official_commit,
+    print_losses,
+    stub_modules,
+    tensor_diff,
+)
 
 from petra_core import Recipe, Simulator, build_model  # noqa: E402
 from petra_core.replicas import get_rule  # noqa: E402
@@ -315,6 +322,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     path = check_official(args.official, REPO, NEEDED)
     r = compare(path, args)
+    print_losses(
+        r["losses"]["petra"],
+        r["losses"]["official"],
+        lambda i: f"mb {i} (step {i // REPLICAS // args.k}, replica {i % REPLICAS})",
+    )
     print(
         f"acco {r['losses_compared']} losses: max |diff| {r['max_abs_loss_diff']:.2e}"
         f" (first beyond tolerance: {r['first_loss_beyond_tolerance']}), parameters after {args.steps} steps:"

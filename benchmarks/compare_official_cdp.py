@@ -50,7 +50,14 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from official_common import check_official, diffs, official_commit, stub_modules, tensor_diff  # noqa: E402
+from official_common import (  # noqa: E402
+    check_official,
+    diffs,
+    official_commit,
+    print_losses,
+    stub_modules,
+    tensor_diff,
+)
 
 from petra_core import Recipe, Simulator, build_model  # noqa: E402
 from petra_core.replicas import get_rule  # noqa: E402
@@ -265,6 +272,10 @@ def main(argv=None) -> int:
     for rule in args.rules:
         r = compare(path, rule, args)
         results.append(r)
+        print(f"{rule}:")
+        print_losses(
+            r["losses"]["petra"], r["losses"]["official"], lambda i: f"step {i // REPLICAS}, replica {i % REPLICAS}"
+        )
         print(
             f"{rule:5s} {r['losses_compared']} losses: max |diff| {r['max_abs_loss_diff']:.2e}, parameters after "
             f"{args.steps} steps: max |diff| {max(r['max_abs_param_diff_per_replica']):.2e} per replica, "

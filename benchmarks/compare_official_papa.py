@@ -53,7 +53,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from official_common import check_official, diffs, official_commit, stub_modules, tensor_diff  # noqa: E402
+from official_common import (  # noqa: E402
+    check_official,
+    diffs,
+    official_commit,
+    print_losses,
+    stub_modules,
+    tensor_diff,
+)
 
 from petra_core import Recipe, Simulator, build_model  # noqa: E402
 from petra_core.replicas import get_rule  # noqa: E402
@@ -279,6 +286,7 @@ def main(argv=None) -> int:
     path = check_official(args.official, REPO, NEEDED)
     torch.set_num_threads(1)
     r = compare(path, args)
+    print_losses(r["losses"]["petra"], r["losses"]["official"], lambda t: f"step {t} (both networks)")
     print(
         f"papa {r['losses_compared']} losses: max |diff| {r['max_abs_loss_diff']:.2e}, state after {args.steps} "
         f"steps: max |diff| {max(r['max_abs_state_diff_per_network']):.2e} (the official code averages after steps "

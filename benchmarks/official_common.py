@@ -73,7 +73,17 @@ def diffs(ours: list[float], theirs: list[float], tolerance: float) -> dict:
         "losses_petra": len(ours),
         "max_abs_loss_diff": max(d) if d else None,
         "first_loss_beyond_tolerance": next((i for i, x in enumerate(d) if x > tolerance), None),
+        "losses": {"petra": [float(x) for x in ours], "official": [float(x) for x in theirs]},
     }
+
+
+def print_losses(ours: list[float], theirs: list[float], label) -> None:
+    """One line per loss: ``label(i)``, petra's, the official code's, |diff| (the scripts' output)."""
+    for i in range(max(len(ours), len(theirs))):
+        a = f"{ours[i]:.17g}" if i < len(ours) else "-"
+        b = f"{theirs[i]:.17g}" if i < len(theirs) else "-"
+        d = f"{abs(ours[i] - theirs[i]):.2e}" if i < min(len(ours), len(theirs)) else "-"
+        print(f"  {label(i):24s} petra {a:>22s}  official {b:>22s}  |diff| {d}")
 
 
 def tensor_diff(a: torch.Tensor, b: torch.Tensor) -> float:

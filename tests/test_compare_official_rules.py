@@ -28,6 +28,15 @@ def record(name: str) -> dict:
     return json.loads((RESULTS / f"{name}.json").read_text())
 
 
+def per_step(result: dict) -> list[float]:
+    """The per-step |diff| recomputed from the record's losses (which must agree with its summary)."""
+    ours, theirs = result["losses"]["petra"], result["losses"]["official"]
+    assert (len(ours), len(theirs)) == (result["losses_petra"], result["losses_official"])
+    d = [abs(a - b) for a, b in zip(ours, theirs)]
+    assert max(d) == result["max_abs_loss_diff"]
+    return d
+
+
 @pytest.mark.parametrize(
     "name,repo,needed",
     [
@@ -48,7 +57,7 @@ def test_acco_matches_the_official_trainer_bit_for_bit_with_its_round0_bug_patch
     r = record("acco")
     assert re.fullmatch(r"[0-9a-f]{40}", r["official_commit"])
     assert r["match"] is True and r["tolerance"] == 0.0 and r["setup"]["steps"] >= 20
-    assert r["result"]["max_abs_loss_diff"] == 0.0 and r["result"]["max_abs_param_diff"] == 0.0
+    assert max(per_step(r["result"])) == 0.0 and r["result"]["max_abs_param_diff"] == 0.0
     assert r["result"]["losses_compared"] == r["result"]["losses_official"] == r["result"]["losses_petra"] > 0
     assert any("round 0" in change for change in r["change_to_official"])  # the patch is said
 
@@ -61,6 +70,7 @@ def test_acco_parts_from_the_official_code_where_the_record_says_why():
     assert bug["match"] is False and bug["setup"]["keep_round0_bug"] is True
     assert not any("round 0" in change for change in bug["change_to_official"])
     assert bug["result"]["first_loss_beyond_tolerance"] == 6  # mb 3 of rank 0: step 1's second half
+    assert max(per_step(bug["result"])[:6]) == 0.0 < per_step(bug["result"])[6]
     k4 = record("acco_k4")
     assert k4["match"] is False and k4["setup"]["k"] == 4
     per_rank_official = 1 + 2 * (2 * k4["setup"]["steps"] - 1)  # b0, then n = 2 per round but the last
@@ -86,7 +96,7 @@ def test_cdp_matches_the_official_rules_bit_for_bit_and_the_average_it_evaluates
     rules = {x["rule"]: x for x in r["rules"]}
     assert set(rules) == {"dp", "cdp1", "cdp2"}
     for x in rules.values():
-        assert x["max_abs_loss_diff"] == 0.0 and max(x["max_abs_param_diff_per_replica"]) == 0.0
+        assert max(per_step(x)) == 0.0 and max(x["max_abs_param_diff_per_replica"]) == 0.0
         assert x["max_abs_average_diff"] == 0.0 and x["official_stages"] == r["setup"]["stages"]
         assert x["losses_compared"] == x["losses_official"] == x["losses_petra"] == 2 * r["setup"]["steps"]
     # not vacuous: the rules train differently, and cdp2's replicas drift apart (dp's do not)
@@ -114,7 +124,7 @@ def test_papa_matches_the_official_ema_loop_with_the_official_phase_and_not_with
     assert re.fullmatch(r"[0-9a-f]{40}", r["official_commit"])
     assert r["match"] is True and r["setup"]["phase"] == "official" and r["setup"]["steps"] >= 20
     x = r["result"]
-    assert x["max_abs_loss_diff"] <= r["tolerance"] == 1e-12 and max(x["max_abs_state_diff_per_network"]) == 0.0
+    assert max(per_step(x)) <= r["tolerance"] == 1e-12 and max(x["max_abs_state_diff_per_network"]) == 0.0
     assert x["losses_compared"] == x["losses_official"] == x["losses_petra"] == r["setup"]["steps"]
     # i from 0 in each epoch of 10 steps, i % 4 == 0; the networks start apart and stay apart
     assert x["official_averages_after_steps"] == [0, 4, 8, 10, 14, 18] and x["networks_differ"]
@@ -131,3 +141,23 @@ def test_papas_epoch_loader_gives_a_new_epoch_at_each_iter():
     assert papa.official_args(args).ema_alpha == 1 - args.rate == 0.9375  # exact in the official float32
     with pytest.raises(SystemExit):
         papa.parse_args(["--official", "x", "--steps", "15"])  # not whole epochs
+
+
+def test_only_imports_that_fail_are_stubbed_and_the_losses_are_compared_step_by_step():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import official_common
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    marker = object()
+    try:
+        stubbed = official_common.stub_modules({"json": {"loads": marker}, "petra_not_installed.sub": {"x": marker}})
+        assert stubbed == ["petra_not_installed.sub"]
+        assert json.loads is not marker  # an installed module is left as it is
+        assert sys.modules["petra_not_installed"].sub.x is marker
+    finally:
+        for name in ("petra_not_installed", "petra_not_installed.sub"):
+            sys.modules.pop(name, None)
+    d = official_common.diffs([1.0, 2.0, 3.0], [1.0, 2.5, 3.0], 0.1)
+    assert (d["max_abs_loss_diff"], d["first_loss_beyond_tolerance"], d["losses_compared"]) == (0.5, 1, 3)
+    assert official_common.diffs([1.0], [1.0, 2.0], 0.0)["losses_official"] == 2
