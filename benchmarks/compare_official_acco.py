@@ -19,9 +19,11 @@ The model is petra's tiny RevNet18 (width 4, 5 classes, 16 px images, float32: t
 keeps its sharded parameters in float32), wrapped so that the official ``gradient_step`` can call
 it as it calls GPT-Neo (``model(input_ids=images, labels=labels)[0]`` is the mean cross-entropy);
 the same weights on both ranks and in petra; rank r's i-th micro-batch is petra's minibatch
-i·2 + r. Recipe: AdamW, lr 1e-3, weight decay 0.1 on every parameter (petra ``decay_1d=true``),
-betas (0.9, 0.95), eps 1e-8 (the official ``config/train/acco.yaml``; petra ``adam_betas``), a
-constant learning rate, ``first_round: official``.
+i·2 + r. Recipe: AdamW, weight decay 0.1 on every parameter (petra ``decay_1d=true``), betas
+(0.9, 0.95), eps 1e-8 (the official ``config/train/acco.yaml``; petra ``adam_betas``),
+``first_round: official``, a constant rate of 2^-10 (the official configuration's cosine schedule
+with 1000 warm-up steps is not compared; ``prepare_opt`` holds the rate in a float32 tensor, petra
+is given that tensor's value, and 2^-10 is exact there).
 
 Changes to the official code, all said in the record:
 
@@ -189,7 +191,12 @@ def official_rank(rank: int, port: int, path: str, args: argparse.Namespace, out
             break
         for _ in range(n):
             official.gradient_step(
-                t.dtype, t.model, t.count_grad_local, t.load_next_batch_into_static_memory(), t.loss_static, 1
+                t.dtype,
+                t.model,
+                t.count_grad_local,
+                t.load_next_batch_into_static_memory(),
+                t.loss_static,
+                t.n_grad_acc_ddp,
             )
         official.update_buffers_step(
             t.params, t.com_buffer, t.len_params, t.count_grad_this_round, t.count_grad_local, c
