@@ -42,6 +42,11 @@ Changes to the official code, all said in the record:
   _: 1)``); the trainer object is made without its ``__init__`` (which loads data sets, SLURM
   settings and NCCL) and given the attributes ``__init__`` and ``initialize_com`` set.
 
+``--rule dpu`` runs the official ``train_dpu`` (``n_warmup_steps`` 0; its order: the micro-batches,
+then the round, then the buffers' update) beside petra's ``dpu`` (warm-up 0), which differ by
+design (docs/conventions.md): the record shows where they part and how many gradients each
+official round averages.
+
 Nothing of the official code is copied here: it is imported from ``--official PATH``.
 
     python benchmarks/compare_official_acco.py --official ~/src/acco [--steps 20] [--out results/official]
@@ -144,7 +149,7 @@ def official_rank(rank: int, port: int, path: str, args: argparse.Namespace, out
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=REPLICAS)
     official, stubbed = import_official(Path(path))
-    n = args.k // 2
+    n = args.k // 2 if args.rule == "acco" else args.k
     data = make_batches(args)
     mine = [{"input_ids": x, "labels": y} for x, y in data[rank::REPLICAS]]
     t = official.DecoupledTrainer.__new__(official.DecoupledTrainer)
@@ -170,8 +175,19 @@ def official_rank(rank: int, port: int, path: str, args: argparse.Namespace, out
     t.prepare_grads()
     t.prepare_buffer_com()
     t.prepare_opt()
-    t.count_grad_local = torch.ones(1, dtype=torch.int)  # train_acco with n_warmup_steps == 0
-    rounds = 2 * args.steps
+    t.count_grad_local = torch.ones(1, dtype=torch.int)  # train_acco / train_dpu with n_warmup_steps == 0
+    if args.rule == "dpu":
+        weights, counts = official_dpu(official, t, args)
+    else:
+        weights, counts = official_acco(official, t, rank, args)
+    result = {"losses": t.model.losses, "weights": weights, "counts": counts, "stubbed": stubbed}
+    torch.save(result, f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def official_acco(official, t, rank: int, args) -> tuple[torch.Tensor, list[int]]:
+    """``train_acco``'s calls, round by round: θ_steps and each round's gradient count (all ranks)."""
+    n, rounds, counts = args.k // 2, 2 * args.steps, []
     for c in range(rounds):  # count_after_init
         official.communication_step(
             rank,
@@ -185,10 +201,11 @@ def official_rank(rank: int, port: int, path: str, args: argparse.Namespace, out
             t.scheduler,
             c,
         )
+        counts.append(int(t.count_grad_this_round[0]))
         if c == 0 and not args.keep_round0_bug:
             t.sharded_optimizer.state.clear()  # what `state_dict()['state'] = {}` means to do
         if c == rounds - 1:  # the real round of the last step: θ_steps is in com_buffer
-            break
+            return t.com_buffer[: t.len_params].clone(), counts
         for _ in range(n):
             official.gradient_step(
                 t.dtype,
@@ -201,13 +218,33 @@ def official_rank(rank: int, port: int, path: str, args: argparse.Namespace, out
         official.update_buffers_step(
             t.params, t.com_buffer, t.len_params, t.count_grad_this_round, t.count_grad_local, c
         )
-    result = {"losses": t.model.losses, "weights": t.com_buffer[: t.len_params].clone(), "stubbed": stubbed}
-    torch.save(result, f"{out}/rank{rank}.pt")
-    dist.destroy_process_group()
+    raise AssertionError("unreachable: the last round returns")
 
 
-def run_official(path: Path, args) -> tuple[list[float], list[torch.Tensor], list[str]]:
-    """The losses in petra's minibatch order (i·2 + r), each rank's final weights, the imports stubbed."""
+def official_dpu(official, t, args) -> tuple[torch.Tensor, list[int]]:
+    """``train_dpu``'s calls (``n_warmup_steps`` 0), round by round: its micro-batches, then the
+    round, then the buffers' update; θ_steps and each round's gradient count (all ranks)."""
+    counts = []
+    for count_com in range(args.steps):
+        for _ in range(args.k):
+            official.gradient_step(
+                t.dtype, t.model, t.count_grad_local, t.load_next_batch_into_static_memory(), t.loss_static,
+                t.n_grad_acc_ddp,
+            )  # fmt: skip
+        official.communication_step(
+            t.rank, t.size_slice, t.size_local_slice, t.process_group, t.count_grad_this_round, t.com_buffer,
+            t.params_opt, t.sharded_optimizer, t.scheduler,
+        )  # fmt: skip
+        counts.append(int(t.count_grad_this_round[0]))
+        official.update_buffers_step(
+            t.params, t.com_buffer, t.len_params, t.count_grad_this_round, t.count_grad_local, count_com
+        )
+    return t.params.detach().clone(), counts
+
+
+def run_official(path: Path, args) -> tuple[list[float], list[torch.Tensor], list[str], list[int]]:
+    """The losses in petra's minibatch order (i·2 + r), each rank's final weights, the imports
+    stubbed, and each round's gradient count summed over the ranks."""
     with tempfile.TemporaryDirectory() as out, socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -216,7 +253,7 @@ def run_official(path: Path, args) -> tuple[list[float], list[torch.Tensor], lis
         ranks = [torch.load(f"{out}/rank{r}.pt") for r in range(REPLICAS)]
     per_rank = [r["losses"] for r in ranks]
     losses = [per_rank[i % REPLICAS][i // REPLICAS] for i in range(sum(map(len, per_rank)))]
-    return losses, [r["weights"] for r in ranks], ranks[0]["stubbed"]
+    return losses, [r["weights"] for r in ranks], ranks[0]["stubbed"], ranks[0]["counts"]
 
 
 # ---- the problem and petra's side ------------------------------------------------------------------
@@ -258,7 +295,9 @@ def run_petra(args) -> tuple[list[float], list[torch.Tensor]]:
         k=args.k,
         recipe=recipe,
         replicas=REPLICAS,
-        rule=get_rule("acco", options={"first_round": "official"}),
+        rule=get_rule("acco", options={"first_round": "official"})
+        if args.rule == "acco"
+        else get_rule("dpu", options={"warmup": 0}),
     ).run()
     losses = [float(r.loss) for r in sim.head_log]
     weights = [torch.nn.utils.parameters_to_vector(rep.model.parameters()).detach() for rep in sim.replicas]
@@ -267,7 +306,7 @@ def run_petra(args) -> tuple[list[float], list[torch.Tensor]]:
 
 def compare(path: Path, args) -> dict:
     start = time.perf_counter()
-    theirs, their_weights, stubbed = run_official(path, args)
+    theirs, their_weights, stubbed, counts = run_official(path, args)
     official_s = time.perf_counter() - start
     start = time.perf_counter()
     ours, our_weights = run_petra(args)
@@ -285,6 +324,7 @@ def compare(path: Path, args) -> dict:
         and param_diff <= TOLERANCE,
         "seconds": {"official": round(official_s, 1), "petra": round(petra_s, 1)},
         "stubbed": stubbed,
+        "official_gradients_per_round": counts,
     }
 
 
@@ -293,8 +333,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--official", required=True, type=Path, help=f"a copy of github.com/{REPO}")
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps (each two official rounds; default 20)")
-    p.add_argument("--k", type=int, default=2, help="micro-batches per step, 2 x the official n_grad_accumulation")
+    p.add_argument(
+        "--rule",
+        choices=("acco", "dpu"),
+        default="acco",
+        help="acco (default), or dpu: the official train_dpu beside petra's dpu, which differ by design",
+    )
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
+    p.add_argument(
+        "--k",
+        type=int,
+        default=None,
+        help="micro-batches per step: acco 2 x the official n_grad_accumulation (default 2), dpu the official "
+        "n_grad_accumulation (default 1)",
+    )
     p.add_argument("--batch", type=int, default=4, help="micro-batch size (default 4)")
     p.add_argument(
         "--lr",
@@ -309,20 +361,66 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--keep-round0-bug",
         action="store_true",
-        help="leave the official round-0 optimizer state as the official code leaves it (shows where they part)",
+        help="acco: leave the official round-0 optimizer state as the official code leaves it (shows where they part)",
     )
     p.add_argument("--out", type=Path, default=None, help="write OUT/acco.json (acco_<variant>.json), atomically")
     args = p.parse_args(argv)
-    if args.k < 2 or args.k % 2:
+    if args.k is None:
+        args.k = 2 if args.rule == "acco" else 1
+    if args.rule == "acco" and (args.k < 2 or args.k % 2):
         p.error(f"--k {args.k} is not allowed; allowed: an even number >= 2 (two official rounds of k/2 each)")
+    if args.rule == "dpu" and (args.k < 1 or args.keep_round0_bug):
+        p.error(f"--rule dpu --k {args.k} is not allowed; allowed: k >= 1 (and no --keep-round0-bug: no round 0)")
     if args.steps < 1:
         p.error(f"--steps {args.steps} is not allowed; allowed: an integer >= 1")
     return args
 
 
 def record_name(args) -> str:
+    if args.rule == "dpu":
+        return "dpu.json" if args.k == 1 else f"dpu_k{args.k}.json"
     variant = [*(["round0_bug"] if args.keep_round0_bug else []), *([f"k{args.k}"] if args.k != 2 else [])]
     return "acco.json" if not variant else f"acco_{'_'.join(variant)}.json"
+
+
+def make_record(args, path: Path, r: dict) -> dict:
+    acco = args.rule == "acco"
+    patch = ["after round 0, sharded_optimizer.state emptied (the official line assigns {} into a copy)"]
+    return {
+        "official": REPO,
+        "official_commit": official_commit(path),
+        "setup": {
+            **{k: v for k, v in vars(args).items() if k not in ("official", "out")},
+            "replicas": REPLICAS,
+            "lr_float32": float32(args.lr),
+            "official_n_grad_accumulation": args.k // 2 if acco else args.k,
+            "model": "petra revnet18, width 4, 5 classes, 16 px",
+            "petra": f"method backprop, rule {'acco {first_round: official}' if acco else 'dpu {warmup: 0}'}, "
+            "adamw, decay_1d true, constant lr",
+        },
+        "dtype": "float32",
+        "tolerance": TOLERANCE,
+        "ran_official": "trainer_decoupled.gradient_step, update_buffers_step, communication_step and "
+        "DecoupledTrainer.get_weights, set_weights, prepare_grads, prepare_buffer_com, prepare_opt, "
+        "load_next_batch_into_static_memory, on 2 gloo ranks, "
+        + (
+            "in train_acco's order with every round ending before the worker's n_grad_accumulation micro-batches"
+            if acco
+            else "in train_dpu's order (n_warmup_steps 0)"
+        ),
+        "change_to_official": [
+            *(patch if acco and not args.keep_round0_bug else []),
+            "AdamW(capturable=True, lr=tensor) built as AdamW(capturable=False, lr=float): torch has no "
+            "capturable AdamW on CPU",
+            f"stubbed imports (not installed here): {', '.join(r['stubbed']) or 'none'} (a stubbed "
+            "transformers.get_scheduler gives the constant schedule LambdaLR(opt, lambda _: 1))",
+            "DecoupledTrainer made without __init__ (data sets, SLURM, NCCL); its attributes set as "
+            "__init__ and initialize_com set them",
+        ],
+        "match": r["match"],
+        "result": r,
+        "torch": torch.__version__,
+    }
 
 
 def main(argv=None) -> int:
@@ -335,45 +433,13 @@ def main(argv=None) -> int:
         lambda i: f"mb {i} (step {i // REPLICAS // args.k}, replica {i % REPLICAS})",
     )
     print(
-        f"acco {r['losses_compared']} losses: max |diff| {r['max_abs_loss_diff']:.2e}"
+        f"{args.rule} {r['losses_compared']} losses: max |diff| {r['max_abs_loss_diff']:.2e}"
         f" (first beyond tolerance: {r['first_loss_beyond_tolerance']}), parameters after {args.steps} steps:"
         f" max |diff| {r['max_abs_param_diff']:.2e} -> {'match' if r['match'] else 'DIFFER'}"
-        f" (official {r['seconds']['official']} s, petra {r['seconds']['petra']} s)"
+        f" (official {r['seconds']['official']} s, petra {r['seconds']['petra']} s);"
+        f" official gradients per round (all ranks): {r['official_gradients_per_round'][:8]}"
     )
-    record = {
-        "official": REPO,
-        "official_commit": official_commit(path),
-        "setup": {
-            **{k: v for k, v in vars(args).items() if k not in ("official", "out")},
-            "replicas": REPLICAS,
-            "lr_float32": float32(args.lr),
-            "official_n_grad_accumulation": args.k // 2,
-            "model": "petra revnet18, width 4, 5 classes, 16 px",
-            "petra": "method backprop, rule acco {first_round: official}, adamw, decay_1d true, constant lr",
-        },
-        "dtype": "float32",
-        "tolerance": TOLERANCE,
-        "ran_official": "trainer_decoupled.gradient_step, update_buffers_step, communication_step and "
-        "DecoupledTrainer.get_weights, set_weights, prepare_grads, prepare_buffer_com, prepare_opt, "
-        "load_next_batch_into_static_memory, on 2 gloo ranks, in train_acco's order with every round "
-        "ending before the worker's n_grad_accumulation micro-batches",
-        "change_to_official": [
-            *(
-                []
-                if args.keep_round0_bug
-                else ["after round 0, sharded_optimizer.state emptied (the official line assigns {} into a copy)"]
-            ),
-            "AdamW(capturable=True, lr=tensor) built as AdamW(capturable=False, lr=float): torch has no "
-            "capturable AdamW on CPU",
-            f"stubbed imports (not installed here): {', '.join(r['stubbed']) or 'none'} (a stubbed "
-            "transformers.get_scheduler gives the constant schedule LambdaLR(opt, lambda _: 1))",
-            "DecoupledTrainer made without __init__ (data sets, SLURM, NCCL); its attributes set as "
-            "__init__ and initialize_com set them",
-        ],
-        "match": r["match"],
-        "result": r,
-        "torch": torch.__version__,
-    }
+    record = make_record(args, path, r)
     if args.out is not None:
         write_text(args.out / record_name(args), json.dumps(record, indent=2) + "\n")
     return 0 if record["match"] else 1

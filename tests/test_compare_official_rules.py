@@ -76,17 +76,37 @@ def test_acco_parts_from_the_official_code_where_the_record_says_why():
     per_rank_official = 1 + 2 * (2 * k4["setup"]["steps"] - 1)  # b0, then n = 2 per round but the last
     assert k4["result"]["losses_official"] == 2 * per_rank_official
     assert k4["result"]["losses_petra"] == 2 * k4["setup"]["steps"] * 4
+    # per rank: round 0 (tentative) 1 gradient, round 1 (step 0's real round) 1 + 2, then 2 and 4
+    assert k4["result"]["official_gradients_per_round"][:4] == [2, 6, 4, 8]
+    assert record("acco")["result"]["official_gradients_per_round"] == [2, 4] * record("acco")["setup"]["steps"]
+
+
+def test_the_official_dpu_applies_some_gradients_twice_and_petras_dpu_each_once():
+    """petra's dpu (warm-up 0) and the official train_dpu compute at the same weights until the
+    official code applies a gradient a second time: its odd rounds average 2 gradients per rank
+    (the one applied the round before, again, and the new one), its even rounds 1."""
+    r = record("dpu")
+    assert r["match"] is False and r["setup"]["rule"] == "dpu" and r["setup"]["k"] == 1
+    assert not any("round 0" in change for change in r["change_to_official"])
+    x = r["result"]
+    steps = r["setup"]["steps"]
+    assert x["official_gradients_per_round"] == [2, 4] * (steps // 2)  # summed over the 2 ranks
+    d = per_step(x)
+    assert max(d[:6]) == 0.0 < d[6]  # steps 0-2 equal; step 3 computes after the first double application
+    assert x["losses_official"] == 2 * (1 + steps) and x["losses_petra"] == 2 * steps
 
 
 def test_acco_record_names_and_arguments():
     acco = script("acco")
     assert acco.record_name(acco.parse_args(["--official", "x"])) == "acco.json"
+    assert acco.record_name(acco.parse_args(["--official", "x", "--rule", "dpu"])) == "dpu.json"
     assert acco.record_name(acco.parse_args(["--official", "x", "--keep-round0-bug", "--k", "4"])) == (
         "acco_round0_bug_k4.json"
     )
     assert acco.float32(2**-10) == 2**-10 and acco.float32(1e-3) != 1e-3  # why the default rate is 2^-10
-    with pytest.raises(SystemExit):
-        acco.parse_args(["--official", "x", "--k", "3"])
+    for bad in (["--k", "3"], ["--rule", "dpu", "--keep-round0-bug"], ["--rule", "dpu", "--k", "0"]):
+        with pytest.raises(SystemExit):
+            acco.parse_args(["--official", "x", *bad])
 
 
 def test_cdp_matches_the_official_rules_bit_for_bit_and_the_average_it_evaluates():
