@@ -1,0 +1,126 @@
+"""Bytes per stage and peak memory per device, from the accounting's shapes on the meta device.
+
+Per stage (:func:`stage_bytes`, no compute: shapes propagated on the meta device, so a RevNet50 at
+any width is sized in milliseconds): weights, gradients, optimizer state (one momentum buffer per
+parameter), the bytes kept per minibatch in flight under the method's storage policy, and the
+forward and backward messages. What a policy keeps:
+
+* ``input`` (DSP, PETRA's non-reversible stages): the stage's input, exact from its shape;
+* nothing (PETRA's reversible stages): 0;
+* ``graph`` (backprop, delayed, GPipe, 1F1B): the forward's saved tensors, counted with autograd's
+  saved-tensor hooks on the meta device (parameters excluded), plus the input: an estimate
+  (docs/planning.md gives its error against the measured Table 1 bytes);
+* ``weight_stash`` (delayed): ceil(staleness / k) copies of the weights (``paper_reference`` Table 1).
+
+Peak per device (:func:`device_peak_bytes`) = per stage it holds: weights + gradients + optimizer
++ in_flight × kept + stashed weights + one message each way; in_flight is the schedule's own count
+(``Schedule.in_flight``). A profile measured with ``petra plan profile`` carries measured kept bytes
+instead of the estimate.
+"""
+
+from __future__ import annotations
+
+import math
+
+FLOAT32 = 4
+LABEL_BYTES = 8
+
+
+def meta_model(arch: str, *, width: int = 64, stem: str = "cifar", num_classes: int = 10):
+    """The model on the meta device (no memory, no compute)."""
+    import torch
+
+    from ..families import build_model
+
+    with torch.device("meta"):
+        return build_model(arch, num_classes=num_classes, stem=stem, width=width)
+
+
+def graph_bytes(stage, x, *, first: bool) -> tuple[int, object]:
+    """Bytes the forward of ``stage`` on ``x`` saves for its backward (parameters excluded), and its output."""
+    import torch
+
+    from ..models import streams
+
+    params = {id(p) for p in stage.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        if id(t) not in params:
+            saved[id(t)] = t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = stage(x if first else streams.leaves(x, True))
+    return sum(saved.values()), streams.apply(torch.Tensor.detach, y)
+
+
+def stage_bytes(model, method: str, *, batch: int, image_size: int, momentum: bool = True) -> list[dict]:
+    """One dict per stage: weight_bytes, grad_bytes, optimizer_bytes, kept_bytes (per minibatch in
+    flight, stash apart), forward_message_bytes, backward_message_bytes, input_bytes, keeps."""
+    from ..methods import get_method
+    from ..models import streams
+
+    m = get_method(method)
+    J = len(model)
+    x = model.family.sample_input(batch, device="meta", image_size=image_size)
+    policies = [m.policy_for(stage, last=j == J - 1) for j, stage in enumerate(model)]
+    rows = []
+    for j, stage in enumerate(model):
+        in_bytes = FLOAT32 * math.prod(streams.shape(x))
+        graph, y = graph_bytes(stage, x, first=j == 0)
+        out_bytes = FLOAT32 * math.prod(streams.shape(y))
+        params = FLOAT32 * sum(p.numel() for p in stage.parameters())
+        keeps = policies[j].keeps
+        kept = (in_bytes if "input" in keeps else 0) + (graph + in_bytes if "graph" in keeps else 0)
+        needs_output = j > 0 and policies[j - 1].needs_output_back
+        rows.append(
+            dict(
+                stage=j,
+                kind=stage.kind,
+                keeps=list(keeps),
+                weight_bytes=params,
+                grad_bytes=params,
+                optimizer_bytes=params if momentum else 0,
+                kept_bytes=0 if j == J - 1 else kept,  # the head runs forward and backward in one tick
+                forward_message_bytes=out_bytes + LABEL_BYTES * batch if j < J - 1 else 0,
+                backward_message_bytes=in_bytes * (2 if needs_output else 1) if j > 0 and m.gradients_cross else 0,
+                input_bytes=in_bytes,
+            )
+        )
+        x = y
+    return rows
+
+
+def stash_copies(method: str, num_stages: int, stage: int, k: int) -> int:
+    """Stashed weight versions a stage holds at steady state (delayed gradients: ceil(staleness / k))."""
+    from ..methods import get_method
+
+    m = get_method(method)
+    if m.schedule.fixed_weights_in_flight or stage == num_stages - 1:
+        return 0
+    stashes = "weight_stash" in m.other.keeps or "weight_stash" in m.reversible.keeps
+    return math.ceil(m.schedule(num_stages, 1, k=k).staleness(stage) / k) if stashes else 0
+
+
+def stage_peak_bytes(stages, method: str, *, k: int = 1) -> list[int]:
+    """Peak bytes of each stage at steady state (``stages``: :class:`StageProfile` s or their dicts)."""
+    from ..methods import get_method
+
+    J = len(stages)
+    schedule = get_method(method).schedule(J, 1 << 20, k=k)
+    out = []
+    for j, s in enumerate(stages):
+        get = s.get if isinstance(s, dict) else (lambda name, s=s: getattr(s, name))
+        weights = get("weight_bytes")
+        resident = weights + get("grad_bytes") + get("optimizer_bytes")
+        kept = schedule.in_flight(j) * get("kept_bytes") + stash_copies(method, J, j, k) * weights
+        messages = get("forward_message_bytes") + get("backward_message_bytes")
+        out.append(resident + kept + messages)
+    return out
+
+
+def device_peak_bytes(stages, method: str, placement, *, k: int = 1) -> list[int]:
+    """Peak bytes per device: the sum over the stages it holds (``placement``: a range per device)."""
+    per_stage = stage_peak_bytes(stages, method, k=k)
+    return [sum(per_stage[j] for j in r) for r in placement]
