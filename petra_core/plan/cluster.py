@@ -86,10 +86,17 @@ class Cluster:
             raise PlanError(f"cluster {self.name!r} has no link between devices {a} and {b}")
         return link
 
-    def slowest_link(self, devices: list[int]) -> Link:
-        """The slowest link among ``devices`` (a ring over them runs at its pace)."""
-        links = [self.link(a, b) for a, b in zip(devices, devices[1:] + devices[:1]) if a != b]
-        return min(links, key=lambda x: (x.effective, -x.latency_s), default=LOCAL)
+    def grown(self, devices: int) -> Cluster:
+        """The same cluster with as many of its nodes as ``devices`` needs (a scan past its size)."""
+        from dataclasses import replace
+
+        nodes = max(self.nodes, math.ceil(devices / self.devices_per_node))
+        if nodes > 1 and self.inter is None:
+            raise PlanError(
+                f"cluster {self.name!r} is one node of {self.devices_per_node} devices with no link between "
+                f"nodes; {devices} devices need {nodes} nodes: allowed: a card with inter_node"
+            )
+        return replace(self, nodes=nodes)
 
 
 def shipped_clusters() -> list[str]:

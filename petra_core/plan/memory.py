@@ -13,9 +13,10 @@ forward and backward messages. What a policy keeps:
 * ``weight_stash`` (delayed): ceil(staleness / k) copies of the weights (``paper_reference`` Table 1).
 
 Peak per device (:func:`device_peak_bytes`) = per stage it holds: weights + gradients + optimizer
-+ in_flight × kept + stashed weights + one message each way; in_flight is the schedule's own count
-(``Schedule.in_flight``). A profile measured with ``petra plan profile`` carries measured kept bytes
-instead of the estimate.
++ in_flight × kept + stashed weights + its messages in flight; plus the largest
+working set among its stages (input, output and the graph a forward or rebuild builds, held while
+the stage computes). in_flight is the schedule's own count (``Schedule.in_flight``). A profile
+measured with ``petra plan profile`` carries measured kept bytes instead of the estimate.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def graph_bytes(stage, x, *, first: bool) -> tuple[int, object]:
 
 def stage_bytes(model, method: str, *, batch: int, image_size: int, momentum: bool = True) -> list[dict]:
     """One dict per stage: weight_bytes, grad_bytes, optimizer_bytes, kept_bytes (per minibatch in
-    flight, stash apart), forward_message_bytes, backward_message_bytes, input_bytes, keeps."""
+    flight, stash apart), forward_message_bytes, backward_message_bytes, input_bytes, work_bytes
+    (held only while the stage computes), keeps."""
     from ..methods import get_method
     from ..models import streams
 
@@ -73,6 +75,8 @@ def stage_bytes(model, method: str, *, batch: int, image_size: int, momentum: bo
         params = FLOAT32 * sum(p.numel() for p in stage.parameters())
         keeps = policies[j].keeps
         kept = (in_bytes if "input" in keeps else 0) + (graph + in_bytes if "graph" in keeps else 0)
+        # while it computes: its input, its output, and the graph a forward or rebuild builds unless kept
+        work = in_bytes + out_bytes + (0 if "graph" in keeps and j < J - 1 else graph)
         needs_output = j > 0 and policies[j - 1].needs_output_back
         rows.append(
             dict(
@@ -86,6 +90,7 @@ def stage_bytes(model, method: str, *, batch: int, image_size: int, momentum: bo
                 forward_message_bytes=out_bytes + LABEL_BYTES * batch if j < J - 1 else 0,
                 backward_message_bytes=in_bytes * (2 if needs_output else 1) if j > 0 and m.gradients_cross else 0,
                 input_bytes=in_bytes,
+                work_bytes=work,
             )
         )
         x = y
@@ -104,7 +109,8 @@ def stash_copies(method: str, num_stages: int, stage: int, k: int) -> int:
 
 
 def stage_peak_bytes(stages, method: str, *, k: int = 1) -> list[int]:
-    """Peak bytes of each stage at steady state (``stages``: :class:`StageProfile` s or their dicts)."""
+    """Bytes each stage holds at steady state, messages apart (``stages``: :class:`StageProfile` s or
+    their dicts): weights + gradients + optimizer + in_flight × kept + stashed weights."""
     from ..methods import get_method
 
     J = len(stages)
@@ -114,13 +120,26 @@ def stage_peak_bytes(stages, method: str, *, k: int = 1) -> list[int]:
         get = s.get if isinstance(s, dict) else (lambda name, s=s: getattr(s, name))
         weights = get("weight_bytes")
         resident = weights + get("grad_bytes") + get("optimizer_bytes")
-        kept = schedule.in_flight(j) * get("kept_bytes") + stash_copies(method, J, j, k) * weights
-        messages = get("forward_message_bytes") + get("backward_message_bytes")
-        out.append(resident + kept + messages)
+        out.append(resident + schedule.in_flight(j) * get("kept_bytes") + stash_copies(method, J, j, k) * weights)
     return out
 
 
+def _get(s, name: str) -> int:
+    return s[name] if isinstance(s, dict) else getattr(s, name)
+
+
 def device_peak_bytes(stages, method: str, placement, *, k: int = 1) -> list[int]:
-    """Peak bytes per device: the sum over the stages it holds (``placement``: a range per device)."""
+    """Peak bytes per device (``placement``: a range of stages per device): what its stages hold,
+    the messages they have sent and that are not yet consumed (pipelines: one activation up and one
+    gradient down per stage at a tick's end, as ``accounting/memory.py`` counts them; one minibatch
+    in flight: the largest message), and the largest working set among its stages."""
+    from ..methods import get_method
+
     per_stage = stage_peak_bytes(stages, method, k=k)
-    return [sum(per_stage[j] for j in r) for r in placement]
+    one = get_method(method).schedule.one_in_flight
+    out = []
+    for r in placement:
+        sent = [_get(stages[j], "forward_message_bytes") + _get(stages[j], "backward_message_bytes") for j in r]
+        held = sum(per_stage[j] for j in r) + (max(sent) if one else sum(sent))
+        out.append(held + max(_get(stages[j], "work_bytes") for j in r))
+    return out

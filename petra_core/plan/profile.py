@@ -19,6 +19,10 @@ from pathlib import Path
 from .cluster import PlanError
 
 PHASES = ("forward", "rebuild", "backward", "step")
+BYTE_FIELDS = (
+    "weight_bytes", "grad_bytes", "optimizer_bytes", "kept_bytes", "forward_message_bytes",
+    "backward_message_bytes", "work_bytes",
+)  # fmt: skip
 FORMAT = 1
 
 
@@ -36,6 +40,7 @@ class StageProfile:
     kept_bytes: int = 0  # kept per minibatch in flight, besides stashed weights
     forward_message_bytes: int = 0  # sent up to the next stage per minibatch (0 at the head)
     backward_message_bytes: int = 0  # sent down to the previous stage per minibatch (0 at stage 0)
+    work_bytes: int = 0  # held only while the stage computes (its input, output, a graph it builds)
 
     def phase(self, name: str) -> float:
         return getattr(self, f"{name}_s")

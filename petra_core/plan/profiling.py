@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .cluster import PlanError
 from .memory import meta_model, stage_bytes
-from .profile import DeviceProfile, StageProfile
+from .profile import BYTE_FIELDS, DeviceProfile, StageProfile
 
 STEMS = {"cifar": (32, 10), "imagenet": (224, 1000)}  # image size, classes
 
@@ -123,8 +123,7 @@ def from_stage_profile(
         StageProfile(
             forward_s=s["forward_host_s"], rebuild_s=s["rebuild_host_s"], backward_s=s["backward_host_s"],
             step_s=s["step_host_s"],
-            **{key: b[key] for key in ("weight_bytes", "grad_bytes", "optimizer_bytes", "kept_bytes",
-                                       "forward_message_bytes", "backward_message_bytes")},
+            **{key: b[key] for key in BYTE_FIELDS},
         )
         for s, b in zip(row["per_stage"], sizes, strict=True)
     )  # fmt: skip

@@ -1,0 +1,92 @@
+"""``petra plan``: the commands run, and every bad input is one line and exit status 2."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from petra_core.cli import main
+from petra_core.plan.profile import DeviceProfile, StageProfile, save_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+H200 = ROOT / "results/gpu/nvidia-h200/stage_profile.json"
+
+
+@pytest.fixture
+def profile_path(tmp_path):
+    s = StageProfile(0.01, 0.005, 0.02, 0.001, 4000, 4000, 4000, 1000, 2000, 2000, 3000)
+    p = DeviceProfile("revnet18", "petra", 8, tuple(s for _ in range(10)), width=4, provenance={"source": "test"})
+    return str(save_profile(p, tmp_path / "p.json"))
+
+
+def run(capsys, *argv):
+    code = main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_predict_from_a_profile(capsys, profile_path, tmp_path):
+    code, out, _ = run(capsys, "predict", "--profile", profile_path, "--cluster", "h100-sxm-node",
+                       "--stages", "10", "--epoch-minibatches", "100", "--json", str(tmp_path / "pr.json"))  # fmt: skip
+    assert code == 0
+    assert "petra: 10 stages on 8 device(s)" in out and "fits" in out and "epoch of 100 minibatches" in out
+    record = json.loads((tmp_path / "pr.json").read_text())
+    assert record["cluster"] == "h100-sxm-node" and record["seconds_per_minibatch"] > 0
+
+
+def test_predict_from_the_h200_stage_profile(capsys):
+    code, out, _ = run(capsys, "predict", "--profile", str(H200), "--method", "backprop", "--cluster",
+                       "h200-sxm-node", "--split", "0-9")  # fmt: skip
+    assert code == 0 and "backprop: 10 stages on 1 device(s)" in out
+
+
+def test_search_commands(capsys, profile_path):
+    assert run(capsys, "search", "split", "--profile", profile_path, "--devices", "3")[0] == 0
+    code, out, _ = run(capsys, "search", "min-devices", "--profile", profile_path, "--memory-gib", "1")
+    assert code == 0 and out.startswith("1 device(s)")
+    code, out, _ = run(
+        capsys, "search", "scan", "--profile", profile_path, "--max-devices", "12", "--cluster", "8x1-100gbe"
+    )
+    assert code == 0 and len(out.splitlines()) == 12
+    code, _, err = run(
+        capsys, "search", "scan", "--profile", profile_path, "--max-devices", "12", "--cluster", "cpu-box"
+    )
+    assert code == 2 and "no link between nodes" in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["predict", "--cluster", "dgx-9"], "unknown cluster 'dgx-9'"),
+        (["predict", "--split", "0-3,5-9"], "does not cover the model's 10 stages"),
+        (["predict", "--model", "revnet50"], "is of model 'revnet18', not 'revnet50'"),
+        (["predict", "--stages", "4"], "has 10 stages, the plan asks for 4"),
+        (["predict", "--method", "delayed"], "times method 'petra', not 'delayed'"),
+        (["predict", "--batch", "64"], "profile is at batch 8"),
+        (["search", "min-devices", "--memory-gib", "0.00001"], "below stage 0's weights"),
+        (["validate", "--bandwidths", "fast"], "--bandwidths 'fast': allowed: numbers"),
+        (["validate", "--phase-ms", "warp=3"], "unknown phase 'warp'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, profile_path, argv, message):
+    if argv[0] != "validate":
+        argv = [*argv, "--profile", profile_path]
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_unknown_link_in_a_card_file(capsys, profile_path, tmp_path):
+    card = tmp_path / "card.yaml"
+    card.write_text("name: x\ndevice: {name: X, memory_gib: 8}\nnodes: 1\ndevices_per_node: 2\n"
+                    "links: {warp: {latency_us: 1, bandwidth_gb_s: 1}}\nintra_node: warp\n")  # fmt: skip
+    code, _, err = run(capsys, "predict", "--profile", profile_path, "--cluster", str(card))
+    assert code == 2 and "unknown link class 'warp'" in err
+
+
+def test_plan_help_starts_without_torch():
+    code = "import sys; from petra_core.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False"
