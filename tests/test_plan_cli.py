@@ -90,3 +90,22 @@ def test_plan_help_starts_without_torch():
     code = "import sys; from petra_core.cli import build_parser; build_parser(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_profile_measures_on_this_machine(capsys, tmp_path):
+    out = tmp_path / "p.json"
+    code, printed, _ = run(capsys, "profile", "--model", "revnet18", "--method", "petra", "--batch", "2", "--width",
+                           "4", "--minibatches", "4", "--out", str(out))  # fmt: skip
+    assert code == 0 and str(out) in printed
+    from petra_core.plan.profile import load_profile
+
+    p = load_profile(out)
+    assert (
+        p.num_stages == 10 and p.provenance["source"] == "measured" and "petra plan profile" in p.provenance["command"]
+    )
+    assert all(s.forward_s > 0 and s.backward_s > 0 for s in p.stages)
+    assert p.stages[0].kept_bytes == 2 * 3 * 32 * 32 * 4  # PETRA's stem keeps its input (the images)
+    assert all(s.kept_bytes == 0 for s in p.stages[1:3])  # reversible stages keep nothing
+    activation = p.stages[0].forward_message_bytes - 2 * 8  # the activation, then the labels (int64)
+    assert p.stages[1].backward_message_bytes == activation  # a gradient to the stem, which keeps its input
+    assert p.stages[2].backward_message_bytes == 2 * activation  # gradient + output: stage 1 rebuilds its input

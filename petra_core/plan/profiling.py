@@ -5,7 +5,8 @@
   stage's phases (forward, rebuild, backward, step) and records the bytes each stage keeps per
   minibatch and sends; the times are the medians over the second half of the minibatches, after
   the pipeline filled (``table1.steady_phases``, the rule of Table 1's time column). Weights,
-  gradients and optimizer state come from the model's parameters. On this CPU, the host is the device.
+  gradients and optimizer state come from the model's parameters, a stage's working set from the
+  accounting on the meta device. On this CPU, the host is the device.
 * :func:`from_stage_profile`: a profile from ``results/gpu/<device>/stage_profile.json`` (the first
   GPU's probe): per stage the synced phase times (``*_host_s``: a synchronize before and after each
   phase, so they bound the phase's device time from above; that file's README says its kernel sums
@@ -62,6 +63,8 @@ def measure_profile(
     )
     model = rec.sim.model
     J = len(model)
+    sizes = stage_bytes(meta_model(arch, width=width, stem=stem, num_classes=classes), method, batch=batch,
+                        image_size=image_size)  # fmt: skip
     per_mb = (
         kept[(kept.in_flight == 1) & (kept.buffer != "weight_stash")].groupby(["stage", "buffer"]).held_bytes.first()
     )
@@ -85,6 +88,7 @@ def measure_profile(
                 step_s=phase("step"), weight_bytes=params, grad_bytes=params, optimizer_bytes=params,
                 kept_bytes=int(per_mb.get(j, 0)) if j < J - 1 else 0,
                 forward_message_bytes=msg("forward"), backward_message_bytes=msg("backward"),
+                work_bytes=sizes[j]["work_bytes"],
             )
         )  # fmt: skip
     command = (

@@ -140,13 +140,12 @@ def profile_for(
 
 
 def run_point(
-    point: Point, measure: Callable, *, arch: str, width: int, batch: int, minibatches: int, phase_ms
+    point: Point, measure: Callable, spec_type: type, *, arch: str, width: int, batch: int, minibatches: int, phase_ms
 ) -> dict:
-    """Measure one point, then predict it from its configuration; the row of the record."""
-    from .measure import EmulatedPoint
-
+    """Measure one point (``measure(spec_type(...))``), then predict it from its configuration; the
+    row of the record."""
     phases = phase_seconds(point.method, point.stages, phase_ms) if point.emulated else None
-    spec = EmulatedPoint(
+    spec = spec_type(
         method=point.method, stages=point.stages, replicas=point.replicas, batch=batch, k=point.k, arch=arch,
         width=width, minibatches=minibatches, phase_seconds=phases, link=point.link,
     )  # fmt: skip
