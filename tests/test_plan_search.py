@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from petra_core.plan.cluster import GIB, PlanError, parse_cluster
+from petra_core.plan.cluster import GIB, Link, PlanError, parse_cluster
 from petra_core.plan.memory import stage_peak_bytes
 from petra_core.plan.profile import DeviceProfile, StageProfile
 from petra_core.plan.search import best_split, largest_revnet, min_devices, scan_devices, sized_profile
@@ -59,11 +59,14 @@ def test_memory_cap_below_a_stages_weights_is_one_line():
         min_devices(uniform(4, weights=10 * GIB), "petra", 20 * GIB)
 
 
-def test_scan_devices_uses_replicas_beyond_the_stages():
+def test_scan_devices_picks_the_fastest_pipeline_times_replicas():
     out = scan_devices(uniform(4), "petra", 9)
-    assert [pr.devices for pr in out] == [1, 2, 3, 4, 4, 4, 4, 8, 8]
-    assert [pr.replicas for pr in out][-1] == 2
-    assert out[3].seconds_per_minibatch == pytest.approx(3.0)
+    assert [pr.devices for pr in out] == list(range(1, 10))
+    # free links: every P x R = G runs at G / 1 device's speed; the ties go to the first (P = 1)
+    assert [pr.samples_per_s for pr in out] == pytest.approx([g * 8 / 12.0 for g in range(1, 10)])
+    slow = Link("slow", 0.0, 1.0)  # all-reduce of 100 bytes: 100 s per step for two replicas
+    out = scan_devices(uniform(4), "petra", 8, link=slow)
+    assert (out[3].replicas, out[3].split) == (1, "0,1,2,3") and out[7].replicas == 2
 
 
 def test_sized_profile_bytes_scale_with_batch():

@@ -1,9 +1,9 @@
 """Bytes per stage and peak memory per device, from the accounting's shapes on the meta device.
 
-Per stage (:func:`stage_bytes`, no compute: shapes propagated on the meta device, so a RevNet50 at
-any width is sized in milliseconds): weights, gradients, optimizer state (one momentum buffer per
-parameter), the bytes kept per minibatch in flight under the method's storage policy, and the
-forward and backward messages. What a policy keeps:
+Per stage (:func:`model_sizes`, then :func:`stage_bytes` under a method; no compute: shapes
+propagated on the meta device, so a RevNet50 at any width is sized in milliseconds): weights,
+gradients, optimizer state (one momentum buffer per parameter), the bytes kept per minibatch in
+flight under the method's storage policy, and the forward and backward messages. What a policy keeps:
 
 * ``input`` (DSP, PETRA's non-reversible stages): the stage's input, exact from its shape;
 * nothing (PETRA's reversible stages): 0;
@@ -22,6 +22,7 @@ measured with ``petra plan profile`` carries measured kept bytes instead of the 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 FLOAT32 = 4
 LABEL_BYTES = 8
@@ -56,23 +57,52 @@ def graph_bytes(stage, x, *, first: bool) -> tuple[int, object]:
     return sum(saved.values()), streams.apply(torch.Tensor.detach, y)
 
 
-def stage_bytes(model, method: str, *, batch: int, image_size: int, momentum: bool = True) -> list[dict]:
-    """One dict per stage: weight_bytes, grad_bytes, optimizer_bytes, kept_bytes (per minibatch in
-    flight, stash apart), forward_message_bytes, backward_message_bytes, input_bytes, work_bytes
-    (held only while the stage computes), keeps."""
-    from ..methods import get_method
+def raw_sizes(model, *, batch: int, image_size: int) -> list[dict]:
+    """Per stage, what no method changes: kind, reversible, input, output and graph bytes, parameter bytes."""
+    import torch
+
     from ..models import streams
 
-    m = get_method(method)
-    J = len(model)
     x = model.family.sample_input(batch, device="meta", image_size=image_size)
-    policies = [m.policy_for(stage, last=j == J - 1) for j, stage in enumerate(model)]
     rows = []
     for j, stage in enumerate(model):
-        in_bytes = FLOAT32 * math.prod(streams.shape(x))
         graph, y = graph_bytes(stage, x, first=j == 0)
-        out_bytes = FLOAT32 * math.prod(streams.shape(y))
-        params = FLOAT32 * sum(p.numel() for p in stage.parameters())
+        rows.append(
+            dict(
+                kind=stage.kind,
+                reversible=stage.reversible,
+                input_bytes=FLOAT32 * math.prod(streams.shape(x)),
+                output_bytes=FLOAT32 * math.prod(streams.shape(y)),
+                graph_bytes=graph,
+                params_bytes=FLOAT32 * sum(p.numel() for p in stage.parameters()),
+            )
+        )
+        x = streams.apply(torch.Tensor.detach, y)
+    return rows
+
+
+@lru_cache(maxsize=256)
+def model_sizes(arch: str, width: int, stem: str, num_classes: int, batch: int, image_size: int) -> tuple:
+    """:func:`raw_sizes` of a model built on the meta device (cached: a search asks each method)."""
+    model = meta_model(arch, width=width, stem=stem, num_classes=num_classes)
+    return tuple(raw_sizes(model, batch=batch, image_size=image_size))
+
+
+def stage_bytes(sizes, method: str, *, batch: int, momentum: bool = True) -> list[dict]:
+    """One dict per stage, from its :func:`raw_sizes` under ``method``'s policies: weight_bytes,
+    grad_bytes, optimizer_bytes, kept_bytes (per minibatch in flight, stash apart),
+    forward_message_bytes, backward_message_bytes, input_bytes, work_bytes (held only while the
+    stage computes), keeps."""
+    from types import SimpleNamespace
+
+    from ..methods import get_method
+
+    m = get_method(method)
+    J = len(sizes)
+    policies = [m.policy_for(SimpleNamespace(reversible=r["reversible"]), last=j == J - 1) for j, r in enumerate(sizes)]
+    rows = []
+    for j, r in enumerate(sizes):
+        in_bytes, out_bytes, graph, params = r["input_bytes"], r["output_bytes"], r["graph_bytes"], r["params_bytes"]
         keeps = policies[j].keeps
         kept = (in_bytes if "input" in keeps else 0) + (graph + in_bytes if "graph" in keeps else 0)
         # while it computes: its input, its output, and the graph a forward or rebuild builds unless kept
@@ -81,7 +111,7 @@ def stage_bytes(model, method: str, *, batch: int, image_size: int, momentum: bo
         rows.append(
             dict(
                 stage=j,
-                kind=stage.kind,
+                kind=r["kind"],
                 keeps=list(keeps),
                 weight_bytes=params,
                 grad_bytes=params,
@@ -93,7 +123,6 @@ def stage_bytes(model, method: str, *, batch: int, image_size: int, momentum: bo
                 work_bytes=work,
             )
         )
-        x = y
     return rows
 
 

@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 
 from .cluster import PlanError
-from .memory import meta_model, stage_bytes
+from .memory import model_sizes, stage_bytes
 from .profile import BYTE_FIELDS, DeviceProfile, StageProfile
 
 STEMS = {"cifar": (32, 10), "imagenet": (224, 1000)}  # image size, classes
@@ -63,8 +63,7 @@ def measure_profile(
     )
     model = rec.sim.model
     J = len(model)
-    sizes = stage_bytes(meta_model(arch, width=width, stem=stem, num_classes=classes), method, batch=batch,
-                        image_size=image_size)  # fmt: skip
+    sizes = stage_bytes(model_sizes(arch, width, stem, classes, batch, image_size), method, batch=batch)
     per_mb = (
         kept[(kept.in_flight == 1) & (kept.buffer != "weight_stash")].groupby(["stage", "buffer"]).held_bytes.first()
     )
@@ -121,8 +120,8 @@ def from_stage_profile(
         )
     row = rows[0]
     image_size, classes = _stem(row["stem"])
-    model = meta_model(arch, width=row["width"], stem=row["stem"], num_classes=classes)
-    sizes = stage_bytes(model, method, batch=row["batch"], image_size=image_size)
+    sizes = stage_bytes(model_sizes(arch, row["width"], row["stem"], classes, row["batch"], image_size), method,
+                        batch=row["batch"])  # fmt: skip
     stages = tuple(
         StageProfile(
             forward_s=s["forward_host_s"], rebuild_s=s["rebuild_host_s"], backward_s=s["backward_host_s"],

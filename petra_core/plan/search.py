@@ -8,8 +8,8 @@
   a (model, method, batch) fits a memory cap.
 * :func:`largest_revnet`: per method, the largest RevNet of the depth × width family whose best
   memory split fits a cluster's devices, sized on the meta device (no compute).
-* :func:`scan_devices`: for G = 1..N devices, the best configuration (G ≤ J: one pipeline split over
-  G devices; G > J: ⌊G / J⌋ replicas of a J-device pipeline) and its predicted time.
+* :func:`scan_devices`: for G = 1..N devices, the configuration with the most samples per second
+  among P × R = G (P pipeline devices, R replicas) and its predicted time.
 """
 
 from __future__ import annotations
@@ -92,31 +92,33 @@ def min_devices(profile: DeviceProfile, method: str, cap: float, *, k: int = 1) 
 def scan_devices(
     profile: DeviceProfile, method: str, max_devices: int, *, k: int = 1, cluster: Cluster | None = None, link=None
 ) -> list[Prediction]:
-    """The predicted best configuration for each device count 1..``max_devices`` (``cluster``: its
-    nodes repeated as far as needed)."""
+    """For each device count G = 1..``max_devices``, the fastest configuration in samples per second
+    among P × R = G (a pipeline of P <= J devices, split as :func:`best_split` says, times R
+    replicas); ``cluster``: its nodes repeated as far as needed."""
     J = profile.num_stages
     cluster = cluster.grown(max_devices) if cluster is not None else None
     costs = stage_costs(profile, k)
     splits = {g: best_split(costs, g) for g in range(1, min(J, max_devices) + 1)}
+    one = predict(profile, method, placement=splits[1], k=k, cluster=cluster, link=link).seconds_per_minibatch
     out = []
     for g in range(1, max_devices + 1):
-        positions = min(g, J)
-        replicas = g // positions
-        out.append(
-            predict(profile, method, placement=splits[positions], replicas=replicas, k=k, cluster=cluster, link=link)
-        )
+        options = [
+            predict(profile, method, placement=splits[p], replicas=g // p, k=k, cluster=cluster, link=link,
+                    one_device_seconds=one)
+            for p in range(1, min(g, J) + 1)
+            if g % p == 0
+        ]  # fmt: skip
+        out.append(max(options, key=lambda pr: pr.samples_per_s))
     return out
 
 
 def sized_profile(arch: str, width: int, method: str, *, batch: int, stem: str) -> DeviceProfile:
     """A profile with bytes only (no times): the model sized on the meta device."""
-    from .memory import meta_model, stage_bytes
+    from .memory import model_sizes, stage_bytes
     from .profiling import STEMS
 
     image_size, classes = STEMS[stem]
-    rows = stage_bytes(
-        meta_model(arch, width=width, stem=stem, num_classes=classes), method, batch=batch, image_size=image_size
-    )
+    rows = stage_bytes(model_sizes(arch, width, stem, classes, batch, image_size), method, batch=batch)
     stages = tuple(StageProfile(0.0, 0.0, 0.0, 0.0, **{key: r[key] for key in BYTE_FIELDS}) for r in rows)
     return DeviceProfile(arch, method, batch, stages, width=width, stem=stem, image_size=image_size,
                          provenance=dict(source="accounting on the meta device"))  # fmt: skip

@@ -19,8 +19,9 @@ A message over a link takes latency + bytes / (bandwidth × efficiency); the tra
 directed link go one at a time (FIFO), and overlap compute (a device does not wait for its own
 sends). Two stages on one device pass activations for free.
 
-Steady state: the makespan of n₂ minibatches minus that of n₁ < n₂, over n₂ − n₁ (both multiples
-of the group size, past the fill), which is exact for a periodic table.
+Steady state: the makespan of n₂ = 2 n₁ minibatches minus that of n₁, over n₁ (n₁: two groups of k
+for a flushed schedule, which repeats from its first group; past 4J minibatches, a multiple of k,
+for a pipelined one), which is exact for a periodic table.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from .cluster import LOCAL, Cluster, Link, PlanError
 from .memory import device_peak_bytes
@@ -117,6 +119,21 @@ class Timeline:
     allreduce_bytes: float
 
 
+@lru_cache(maxsize=64)
+def compiled_table(method: str, num_stages: int, minibatches: int, k: int) -> tuple:
+    """The method's action table as tuples (flush, ((stage, forward, backward, step), ...)) per tick,
+    read from ``Schedule.action`` once per (method, J, n, k): a search replays the same table on many
+    layouts."""
+    from ..methods import get_method
+
+    sched = get_method(method).schedule(num_stages, minibatches, k=k)
+    ticks = []
+    for t in range(sched.num_ticks):
+        acts = tuple((j, a.forward, a.backward, a.step) for j in sched.busy(t) for a in (sched.action(t, j),))
+        ticks.append((sched.flushed(t), acts))
+    return tuple(ticks)
+
+
 def replay(
     profile: DeviceProfile, method: str, layout: Layout, link_of: LinkOf, *, k: int, minibatches: int
 ) -> Timeline:
@@ -126,61 +143,58 @@ def replay(
 
     m = get_method(method)
     J, P, R = profile.num_stages, layout.positions, layout.replicas
-    st = profile.stages
-    sched = m.schedule(J, minibatches, k=k)
     pos = layout.position_of()
     links = [[link_of(layout.device(0, a), layout.device(0, b)) for b in range(P)] for a in range(P)]
-    rings = [
-        layout_ring_link(layout, p, link_of) for p in range(P)
-    ]  # the link a stage's all-reduce runs at, per position
+    rings = [layout_ring_link(layout, p, link_of) for p in range(P)]  # the link each position's all-reduce runs at
+    fwd = [s.forward_s for s in profile.stages]
+    bwd = [s.rebuild_s + s.backward_s for s in profile.stages]
+    step = [s.step_s + ring_allreduce_s(s.grad_bytes, R, rings[pos[j]]) for j, s in enumerate(profile.stages)]
+    reduce_bytes = [ring_allreduce_bytes(s.grad_bytes, R) for s in profile.stages]
+    up = [s.forward_message_bytes for s in profile.stages]
+    down = [s.backward_message_bytes for s in profile.stages]
     free = [0.0] * P
     busy = [0.0] * P
+    waiting = [0.0] * P  # step seconds per device, waiting for the end of the tick (or the flush)
     link_free: dict[tuple[int, int], float] = defaultdict(float)
     arrival: dict[tuple[str, int, int], float] = {}
-    sent = [0.0]
-    reduced = [0.0]
+    sent = reduced = 0.0
     crosses = m.gradients_cross
     defer = m.schedule.fixed_weights_in_flight and R == 1
-    waiting = [0.0] * P  # deferred step seconds per device
 
-    def send(src: int, dst: int, t: float, nbytes: float, key) -> None:
+    def send(src: int, dst: int, t: float, nbytes: float, key) -> float:
         link = links[src][dst]
         if link is LOCAL or nbytes <= 0:
             arrival[key] = t
-            return
+            return 0.0
         start = max(t, link_free[src, dst])
         wire = nbytes / link.effective
         link_free[src, dst] = start + wire
         arrival[key] = start + link.latency_s + wire
-        sent[0] += nbytes
+        return nbytes
 
-    for t in range(sched.num_ticks):
-        for j in sched.busy(t):
-            a = sched.action(t, j)
-            d, s = pos[j], st[j]
-            if a.forward is not None:
-                start = max(free[d], arrival.pop(("f", a.forward, j), 0.0))
-                free[d] = start + s.forward_s
-                busy[d] += s.forward_s
+    for flushed, actions in compiled_table(method, J, minibatches, k):
+        for j, f, b, stepping in actions:
+            d = pos[j]
+            if f is not None:
+                free[d] = max(free[d], arrival.pop(("f", f, j), 0.0)) + fwd[j]
+                busy[d] += fwd[j]
                 if j < J - 1:
-                    send(d, pos[j + 1], free[d], s.forward_message_bytes, ("f", a.forward, j + 1))
-            if a.backward is not None:
-                ready = arrival.pop(("b", a.backward, j), 0.0) if crosses and j < J - 1 else 0.0
-                start = max(free[d], ready)
-                free[d] = start + s.rebuild_s + s.backward_s
-                busy[d] += s.rebuild_s + s.backward_s
+                    sent += send(d, pos[j + 1], free[d], up[j], ("f", f, j + 1))
+            if b is not None:
+                ready = arrival.pop(("b", b, j), 0.0) if crosses and j < J - 1 else 0.0
+                free[d] = max(free[d], ready) + bwd[j]
+                busy[d] += bwd[j]
                 if j > 0 and crosses:
-                    send(d, pos[j - 1], free[d], s.backward_message_bytes, ("b", a.backward, j - 1))
-            if a.step:
-                cost = ring_allreduce_s(s.grad_bytes, R, rings[d])
-                reduced[0] += ring_allreduce_bytes(s.grad_bytes, R)
-                waiting[d] += cost + s.step_s
-                busy[d] += s.step_s
-        if not defer or sched.flushed(t):
+                    sent += send(d, pos[j - 1], free[d], down[j], ("b", b, j - 1))
+            if stepping:
+                waiting[d] += step[j]
+                busy[d] += profile.stages[j].step_s
+                reduced += reduce_bytes[j]
+        if not defer or flushed:
             for d in range(P):
                 free[d] += waiting[d]
                 waiting[d] = 0.0
-    return Timeline(max(free, default=0.0), busy, sent[0], reduced[0])
+    return Timeline(max(free, default=0.0), busy, sent, reduced)
 
 
 def layout_ring_link(layout: Layout, position: int, link_of: LinkOf) -> Link:
@@ -218,8 +232,11 @@ class Prediction:
 
 def steady_seconds(profile: DeviceProfile, method: str, layout: Layout, link_of: LinkOf, k: int) -> tuple:
     """(seconds per minibatch at steady state, the two timelines and their minibatch counts)."""
+    from ..methods import get_method
+
     J = profile.num_stages
-    n1 = k * max(2, math.ceil(4 * J / k))
+    flushed = get_method(method).schedule.fixed_weights_in_flight  # periodic from the first group of k
+    n1 = 2 * k if flushed else k * max(2, math.ceil(4 * J / k))
     n2 = 2 * n1
     a = replay(profile, method, layout, link_of, k=k, minibatches=n1)
     b = replay(profile, method, layout, link_of, k=k, minibatches=n2)
@@ -236,10 +253,12 @@ def predict(
     cluster: Cluster | None = None,
     link: Link | None = None,
     minibatches_per_epoch: int | None = None,
+    one_device_seconds: float | None = None,
 ) -> Prediction:
     """Predict one configuration: ``profile``'s stages split as ``placement`` (default: one stage a
     device) on ``replicas`` pipelines, on ``cluster``'s devices and links (or every pair of devices
-    joined by ``link``; neither: free transfers)."""
+    joined by ``link``; neither: free transfers). ``one_device_seconds``: the speedup's baseline, if
+    known (a search computes it once)."""
     method = method or profile.method
     k = profile.k if k is None else k
     J = profile.num_stages
@@ -258,7 +277,7 @@ def predict(
         fixed = link or LOCAL
         link_of = lambda a, b: LOCAL if a == b else fixed  # noqa: E731
     t, _, b, _, n2 = steady_seconds(profile, method, layout, link_of, k)
-    one = steady_seconds(profile, method, Layout((range(J),)), link_of, k)[0]
+    one = one_device_seconds or steady_seconds(profile, method, Layout((range(J),)), link_of, k)[0]
     work = sum(s.forward_s + s.rebuild_s + s.backward_s + s.step_s / k for s in profile.stages)
     peaks = device_peak_bytes(profile.stages, method, placement, k=k)
     memory = cluster.memory_bytes if cluster is not None else None

@@ -92,12 +92,10 @@ def grid(
 
 def model_bytes(point: Point, arch: str, width: int, batch: int) -> list[dict] | None:
     """The model's bytes per stage from the accounting, when ``arch`` has ``point.stages`` stages."""
-    from .memory import meta_model, stage_bytes
+    from .memory import model_sizes, stage_bytes
 
-    model = meta_model(arch, width=width, stem="cifar", num_classes=10)
-    if len(model) != point.stages:
-        return None
-    return stage_bytes(model, point.method, batch=batch, image_size=32)
+    sizes = model_sizes(arch, width, "cifar", 10, batch, 32)
+    return stage_bytes(sizes, point.method, batch=batch) if len(sizes) == point.stages else None
 
 
 def measured_bytes(result: dict, stages: int) -> list[tuple[int, int]]:
