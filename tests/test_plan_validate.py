@@ -150,6 +150,18 @@ def test_validate_against_a_threaded_pipeline(method, k, tmp_path):
     assert record["summary"]["emulated"]["points"] == 2
 
 
+def test_measured_phase_times_in_either_form():
+    from petra_core.plan.cluster import PlanError
+    from petra_core.plan.validate import phase_lists
+
+    lists = {"forward": [1.0, 2.0], "backward": [3.0, 4.0]}
+    per_stage = [{"forward": 1.0, "backward": 3.0}, {"forward": 2.0, "backward": 4.0}]
+    want = {"forward": [1.0, 2.0], "rebuild": [0.0, 0.0], "backward": [3.0, 4.0], "step": [0.0, 0.0]}
+    assert phase_lists(lists, 2) == phase_lists(per_stage, 2) == want
+    with pytest.raises(PlanError, match="phase_seconds"):
+        phase_lists([1.0, 2.0], 2)
+
+
 def test_summary_and_record_shape():
     rows = [
         dict(emulated=True, error=0.02), dict(emulated=True, error=-0.06), dict(emulated=False, error=0.1),

@@ -202,9 +202,16 @@ def register(sub) -> None:
         description="Replay a method's action table on a cluster's devices and links from a device profile "
         "(docs/planning.md).",
     )
-    psub = plan.add_subparsers(dest="plan_command", required=True)
+    psub = plan.add_subparsers(
+        dest="plan_command", required=True, metavar="COMMAND", help="predict, profile, search or validate"
+    )
 
-    p = psub.add_parser("predict", help="time per minibatch and epoch, speedup, bubble, memory, communication")
+    p = psub.add_parser(
+        "predict",
+        help="time per minibatch and epoch, speedup, bubble, memory, communication",
+        description="Predict one configuration: the profile's stages split over devices of the cluster, "
+        "replayed as an event simulation of the method's action table.",
+    )
     _model_args(p)
     p.add_argument("--split", help="stages per device, e.g. 0-3,4-9 (default: the fastest split)")
     p.add_argument("--devices", type=int, help="devices per pipeline for the fastest split (default: min(J, cluster))")
@@ -213,13 +220,24 @@ def register(sub) -> None:
     p.add_argument("--json", help="also write the prediction as JSON here")
     p.set_defaults(func=cmd_predict)
 
-    p = psub.add_parser("profile", help="measure a device profile on this machine (CPU) into a JSON file")
+    p = psub.add_parser(
+        "profile",
+        help="measure a device profile on this machine (CPU) into a JSON file",
+        description="Run the method a few minibatches in the simulator on random data; time each stage's "
+        "phases and record its bytes (medians over the second half of the minibatches).",
+    )
     _model_args(p, profile=False)
     p.add_argument("--minibatches", type=int, default=24, help="minibatches run (default %(default)s)")
     p.add_argument("--out", required=True, help="the profile JSON to write")
     p.set_defaults(func=cmd_profile, batch=8)
 
-    p = psub.add_parser("search", help="fewest devices, best split, largest RevNet, best per device count")
+    p = psub.add_parser(
+        "search",
+        help="fewest devices, best split, largest RevNet, best per device count",
+        description="min-devices: the fewest devices that hold the model under a memory cap; split: the "
+        "fastest contiguous split; largest: the largest RevNet (depth x width) per method on the cluster; "
+        "scan: the fastest pipeline x replicas for each device count.",
+    )
     p.add_argument("what", choices=("min-devices", "split", "largest", "scan"), help="what to search")
     _model_args(p)
     p.add_argument("--memory-gib", type=float, help="memory cap per device (default: the cluster's)")
@@ -228,7 +246,12 @@ def register(sub) -> None:
     p.add_argument("--methods", default="backprop,delayed,dsp,petra", help="largest: methods (comma-separated)")
     p.set_defaults(func=cmd_search)
 
-    p = psub.add_parser("validate", help="predicted vs measured time per minibatch on emulated and real ranks")
+    p = psub.add_parser(
+        "validate",
+        help="predicted vs measured time per minibatch on emulated and real ranks",
+        description="Run a grid of emulated multi-process points (and real gloo runs), predict each from the "
+        "same phase times and link, print predicted vs measured and the mean and max error.",
+    )
     p.add_argument("--model", default="revnet18", help="architecture of the runs (default %(default)s)")
     p.add_argument("--width", type=int, default=4, help="base width (default %(default)s)")
     p.add_argument("--batch", type=int, default=8, help="minibatch (default %(default)s)")

@@ -120,14 +120,27 @@ def measured_bytes(result: dict, stages: int) -> list[tuple[int, int]]:
     return out
 
 
+def phase_lists(phases, stages: int) -> dict[str, list[float]]:
+    """``{phase: [seconds per stage]}`` from that form or from one ``{phase: seconds}`` per stage
+    (a phase a stage never ran: 0)."""
+    if isinstance(phases, dict):
+        return {p: [float(x) for x in phases.get(p, [])] + [0.0] * (stages - len(phases.get(p, []))) for p in PHASES}
+    if isinstance(phases, Sequence) and len(phases) == stages and all(isinstance(x, dict) for x in phases):
+        return {p: [float(x.get(p, 0.0)) for x in phases] for p in PHASES}
+    raise PlanError(
+        f"phase_seconds {phases!r}: allowed: {{phase: [seconds per stage]}} or one {{phase: seconds}} a stage"
+    )
+
+
 def profile_for(
     point: Point, phases: dict[str, list[float]], sizes, batch: int, arch: str, width: int
 ) -> DeviceProfile:
     """A profile of the point's J stages: ``phases`` (seconds per stage) and ``sizes`` (bytes: rows of
     :func:`~petra_core.plan.memory.stage_bytes`, or (forward, backward) message bytes per stage)."""
+    phases = phase_lists(phases, point.stages)
     stages = []
     for j in range(point.stages):
-        times = {f"{p}_s": float(phases[p][j]) if j < len(phases.get(p, [])) else 0.0 for p in PHASES}
+        times = {f"{p}_s": phases[p][j] for p in PHASES}
         if sizes and isinstance(sizes[j], dict):
             stages.append(StageProfile(**times, **{key: sizes[j][key] for key in BYTE_FIELDS}))
         else:
