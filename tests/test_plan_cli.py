@@ -109,3 +109,8 @@ def test_profile_measures_on_this_machine(capsys, tmp_path):
     activation = p.stages[0].forward_message_bytes - 2 * 8  # the activation, then the labels (int64)
     assert p.stages[1].backward_message_bytes == activation  # a gradient to the stem, which keeps its input
     assert p.stages[2].backward_message_bytes == 2 * activation  # gradient + output: stage 1 rebuilds its input
+
+
+def test_an_unknown_device_is_one_line(capsys, tmp_path):
+    code, _, err = run(capsys, "profile", "--device", "tpu", "--out", str(tmp_path / "p.json"))
+    assert code == 2 and "unknown device 'tpu'; allowed: cpu, cuda, cuda:N" in err

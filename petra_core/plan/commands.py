@@ -93,7 +93,7 @@ def cmd_profile(args) -> int:
     from .profiling import measure_profile
 
     p = measure_profile(args.model, args.method, batch=args.batch, width=args.width, stem=args.stem, k=args.k,
-                        minibatches=args.minibatches)  # fmt: skip
+                        minibatches=args.minibatches, device=args.device)  # fmt: skip
     save_profile(p, args.out)
     total = sum(s.forward_s + s.rebuild_s + s.backward_s for s in p.stages)
     print(f"{args.out}: {p.num_stages} stages, {1e3 * total:.1f} ms of phases per minibatch on {p.device}")
@@ -222,12 +222,14 @@ def register(sub) -> None:
 
     p = psub.add_parser(
         "profile",
-        help="measure a device profile on this machine (CPU) into a JSON file",
-        description="Run the method a few minibatches in the simulator on random data; time each stage's "
-        "phases and record its bytes (medians over the second half of the minibatches).",
+        help="measure a device profile on this machine (CPU or GPU) into a JSON file",
+        description="Run the method a few minibatches on random data and time each stage's phases: on a CPU "
+        "in the simulator, medians over the second half of the minibatches, with the bytes each stage kept; on "
+        "a GPU with CUDA events that time each phase's kernels, bytes from the accounting (docs/planning.md).",
     )
     _model_args(p, profile=False)
     p.add_argument("--minibatches", type=int, default=24, help="minibatches run (default %(default)s)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]: the device the phases are timed on")
     p.add_argument("--out", required=True, help="the profile JSON to write")
     p.set_defaults(func=cmd_profile, batch=8)
 

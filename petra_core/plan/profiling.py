@@ -1,7 +1,8 @@
 """Where device profiles come from: measured on this machine, or read from committed GPU results.
 
-* :func:`measure_profile` (``petra plan profile``): runs the method in the engine's simulator for a
-  few minibatches on random data under the accounting's :class:`Recorder`, which times every
+* :func:`measure_profile` (``petra plan profile``; on a GPU: ``device_profile.py``): on a CPU, runs
+  the method in the engine's simulator for a few minibatches on random data under the
+  accounting's :class:`Recorder`, which times every
   stage's phases (forward, rebuild, backward, step) and records the bytes each stage keeps per
   minibatch and sends; the times are the medians over the second half of the minibatches, after
   the pipeline filled (``table1.steady_phases``, the rule of Table 1's time column). Weights,
@@ -44,14 +45,27 @@ def _stem(stem: str) -> tuple[int, int]:
 
 
 def measure_profile(
-    arch: str, method: str, *, batch: int, width: int = 64, stem: str = "cifar", k: int = 1, minibatches: int = 24
-) -> DeviceProfile:
-    """Time each stage's phases of ``method`` on this machine's CPU and record its bytes."""
+    arch: str, method: str, *, batch: int, width: int = 64, stem: str = "cifar", k: int = 1, minibatches: int = 24,
+    device: str = "cpu",
+) -> DeviceProfile:  # fmt: skip
+    """Time each stage's phases of ``method`` on ``device`` and record its bytes (a GPU:
+    :func:`~petra_core.plan.device_profile.measure_device_profile`)."""
     import platform
 
     from ..accounting.table1 import run_method, steady_phases
 
     image_size, classes = _stem(stem)
+    command = (
+        f"petra plan profile --model {arch} --method {method} --batch {batch} --width {width} --stem {stem} "
+        f"--k {k} --minibatches {minibatches} --device {device}"
+    )
+    if device != "cpu":
+        if not device.startswith("cuda"):
+            raise PlanError(f"unknown device {device!r}; allowed: cpu, cuda, cuda:N")
+        from .device_profile import measure_device_profile
+
+        return measure_device_profile(arch, method, batch=batch, width=width, stem=stem, k=k,
+                                      minibatches=minibatches, device=device, command=command)  # fmt: skip
     rec = run_method(
         arch, method, stem=stem, image_size=image_size, batch=batch, num_batches=minibatches, width=width,
         num_classes=classes, k=k, flops_minibatches=(), walk_held=True,
@@ -90,10 +104,6 @@ def measure_profile(
                 work_bytes=sizes[j]["work_bytes"],
             )
         )  # fmt: skip
-    command = (
-        f"petra plan profile --model {arch} --method {method} --batch {batch} --width {width} --stem {stem} "
-        f"--k {k} --minibatches {minibatches}"
-    )
     return DeviceProfile(
         arch=arch, method=method, batch=batch, stages=tuple(stages), device=f"cpu ({platform.processor() or 'host'})",
         precision="fp32", width=width, stem=stem, image_size=image_size, k=k,
