@@ -5,7 +5,8 @@ propagated on the meta device, so a RevNet50 at any width is sized in millisecon
 gradients, optimizer state (one momentum buffer per parameter), the bytes kept per minibatch in
 flight under the method's storage policy, and the forward and backward messages. What a policy keeps:
 
-* ``input`` (DSP, PETRA's non-reversible stages): the stage's input, exact from its shape;
+* ``input`` (DSP, PETRA's non-reversible stages): the stage's input, exact from its shape, less
+  the stream it shares with the previous stage's buffer (as ``accounting/memory.py`` counts it);
 * nothing (PETRA's reversible stages): 0;
 * ``graph`` (backprop, delayed, GPipe, 1F1B): the forward's saved tensors, counted with autograd's
   saved-tensor hooks on the meta device (parameters excluded), plus the input: an estimate
@@ -108,6 +109,14 @@ def stage_bytes(sizes, method: str, *, batch: int, momentum: bool = True) -> lis
         # while it computes: its input, its output, and the graph a forward or rebuild builds unless kept
         work = in_bytes + out_bytes + (0 if "graph" in keeps and j < J - 1 else graph)
         needs_output = j > 0 and policies[j - 1].needs_output_back
+        # what accounting/memory.py's shared_stream counts: a coupling (x, x~) -> (x~ + F(x), x) passes its
+        # input's first stream on as its output's second; where both it and the next stage buffer inputs,
+        # the next stage's buffered inputs hold that stream once, and so does its message in flight
+        if "input" in keeps and j > 0 and sizes[j - 1]["kind"] == "R" and "input" in policies[j - 1].keeps:
+            kept -= in_bytes // 2
+        shared = out_bytes // 2 if r["kind"] == "R" and "input" in keeps and j < J - 1 else 0
+        # a kept graph's input is the previous stage's output, which its kept graph saved (one device)
+        joint = in_bytes if "graph" in keeps and j > 0 and j < J - 1 and "graph" in policies[j - 1].keeps else 0
         rows.append(
             dict(
                 stage=j,
@@ -121,6 +130,8 @@ def stage_bytes(sizes, method: str, *, batch: int, momentum: bool = True) -> lis
                 backward_message_bytes=in_bytes * (2 if needs_output else 1) if j > 0 and m.gradients_cross else 0,
                 input_bytes=in_bytes,
                 work_bytes=work,
+                shared_bytes=shared,
+                joint_bytes=joint,
             )
         )
     return rows
@@ -137,38 +148,66 @@ def stash_copies(method: str, num_stages: int, stage: int, k: int) -> int:
     return math.ceil(m.schedule(num_stages, 1, k=k).staleness(stage) / k) if stashes else 0
 
 
-def stage_peak_bytes(stages, method: str, *, k: int = 1) -> list[int]:
-    """Bytes each stage holds at steady state, messages apart (``stages``: :class:`StageProfile` s or
-    their dicts): weights + gradients + optimizer + in_flight × kept + stashed weights."""
-    from ..methods import get_method
-
-    J = len(stages)
-    schedule = get_method(method).schedule(J, 1 << 20, k=k)
-    out = []
-    for j, s in enumerate(stages):
-        get = s.get if isinstance(s, dict) else (lambda name, s=s: getattr(s, name))
-        weights = get("weight_bytes")
-        resident = weights + get("grad_bytes") + get("optimizer_bytes")
-        out.append(resident + schedule.in_flight(j) * get("kept_bytes") + stash_copies(method, J, j, k) * weights)
-    return out
-
-
 def _get(s, name: str) -> int:
     return s[name] if isinstance(s, dict) else getattr(s, name)
 
 
-def device_peak_bytes(stages, method: str, placement, *, k: int = 1) -> list[int]:
-    """Peak bytes per device (``placement``: a range of stages per device): what its stages hold,
-    the messages they have sent and that are not yet consumed (pipelines: one activation up and one
-    gradient down per stage at a tick's end, as ``accounting/memory.py`` counts them; one minibatch
-    in flight: the largest message), and the largest working set among its stages."""
+def stage_held_bytes(stages, method: str, *, k: int = 1) -> list[int]:
+    """What each stage holds at the end of a steady tick besides its weights and gradients
+    (``stages``: :class:`StageProfile` s or their dicts): optimizer state + in_flight × kept +
+    stashed weights, less what is shared, plus the messages it has sent and that are not yet
+    consumed (a pipeline: one activation up and one gradient down; one minibatch in flight: they
+    are counted once per device, :func:`device_peak_bytes`)."""
     from ..methods import get_method
 
-    per_stage = stage_peak_bytes(stages, method, k=k)
+    J = len(stages)
+    m = get_method(method)
+    schedule = m.schedule(J, 1 << 20, k=k)
+    out = []
+    for j, s in enumerate(stages):
+        n = schedule.in_flight(j)
+        held = (
+            _get(s, "optimizer_bytes")
+            + n * _get(s, "kept_bytes")
+            + stash_copies(method, J, j, k) * _get(s, "weight_bytes")
+        )
+        held -= _get(s, "shared_bytes") if n else 0
+        if not m.schedule.one_in_flight:
+            held += _get(s, "forward_message_bytes") + _get(s, "backward_message_bytes")
+        out.append(held)
+    return out
+
+
+def stage_peak_bytes(stages, method: str, *, k: int = 1) -> list[int]:
+    """Bytes each stage holds at steady state: weights + gradients + :func:`stage_held_bytes`."""
+    held = stage_held_bytes(stages, method, k=k)
+    return [h + _get(s, "weight_bytes") + _get(s, "grad_bytes") for h, s in zip(held, stages, strict=True)]
+
+
+def device_held_bytes(stages, method: str, placement, *, k: int = 1) -> list[int]:
+    """Per device, :func:`stage_held_bytes` of its stages, less what two of its consecutive stages'
+    kept graphs hold once (``joint_bytes``: on one device a stage's input is its neighbour's output)."""
+    from ..methods import get_method
+
+    held = stage_held_bytes(stages, method, k=k)
+    schedule = get_method(method).schedule(len(stages), 1 << 20, k=k)
+    return [
+        sum(held[j] for j in r) - sum(schedule.in_flight(j) * _get(stages[j], "joint_bytes") for j in r[1:])
+        for r in placement
+    ]
+
+
+def device_peak_bytes(stages, method: str, placement, *, k: int = 1) -> list[int]:
+    """Peak bytes per device (``placement``: a range of stages per device): its stages' weights and
+    gradients, what they hold (:func:`device_held_bytes`; one minibatch in flight: its largest
+    message), and the largest working set among them."""
+    from ..methods import get_method
+
+    held = device_held_bytes(stages, method, placement, k=k)
     one = get_method(method).schedule.one_in_flight
     out = []
-    for r in placement:
-        sent = [_get(stages[j], "forward_message_bytes") + _get(stages[j], "backward_message_bytes") for j in r]
-        held = sum(per_stage[j] for j in r) + (max(sent) if one else sum(sent))
-        out.append(held + max(_get(stages[j], "work_bytes") for j in r))
+    for r, h in zip(placement, held, strict=True):
+        resident = sum(_get(stages[j], "weight_bytes") + _get(stages[j], "grad_bytes") for j in r)
+        sent = max(_get(stages[j], "forward_message_bytes") + _get(stages[j], "backward_message_bytes") for j in r)
+        out.append(resident + h + (sent if one else 0) + max(_get(stages[j], "work_bytes") for j in r))
     return out

@@ -21,7 +21,7 @@ from .cluster import PlanError
 PHASES = ("forward", "rebuild", "backward", "step")
 BYTE_FIELDS = (
     "weight_bytes", "grad_bytes", "optimizer_bytes", "kept_bytes", "forward_message_bytes",
-    "backward_message_bytes", "work_bytes",
+    "backward_message_bytes", "work_bytes", "shared_bytes", "joint_bytes",
 )  # fmt: skip
 FORMAT = 1
 
@@ -41,6 +41,8 @@ class StageProfile:
     forward_message_bytes: int = 0  # sent up to the next stage per minibatch (0 at the head)
     backward_message_bytes: int = 0  # sent down to the previous stage per minibatch (0 at stage 0)
     work_bytes: int = 0  # held only while the stage computes (its input, output, a graph it builds)
+    shared_bytes: int = 0  # counted twice above at steady state (one tensor both buffered and in flight)
+    joint_bytes: int = 0  # of kept_bytes, what the previous stage's kept graph also holds when on one device
 
     def phase(self, name: str) -> float:
         return getattr(self, f"{name}_s")

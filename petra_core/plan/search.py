@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 
 from .cluster import Cluster, PlanError
-from .memory import stage_peak_bytes
+from .memory import device_peak_bytes, stage_peak_bytes
 from .profile import BYTE_FIELDS, DeviceProfile, StageProfile
 from .simulate import Prediction, predict
 
@@ -83,8 +83,8 @@ def min_devices(profile: DeviceProfile, method: str, cap: float, *, k: int = 1) 
         )
     costs = stage_costs(profile, k)
     for g in range(1, profile.num_stages + 1):
-        split = best_split(costs, g, peaks, cap)
-        if split is not None:
+        split = best_split(costs, g, peaks, cap)  # what stages hold; then their working set checked too
+        if split is not None and max(device_peak_bytes(profile.stages, method, split, k=k)) <= cap:
             return g, split
     return None
 
@@ -137,11 +137,11 @@ def largest_revnet(
             peaks = stage_peak_bytes(p.stages, method, k=k)
             devices = min(cluster.devices, p.num_stages)
             split = best_split([1.0] * p.num_stages, devices, peaks, cluster.memory_bytes)
-            if split is None:
+            per_device = device_peak_bytes(p.stages, method, split, k=k) if split else [math.inf]
+            if max(per_device) > cluster.memory_bytes:
                 break  # wider only holds more
             params = sum(s.weight_bytes for s in p.stages) // 4
             if best is None or params > best["params"]:
-                per_device = [sum(peaks[j] for j in r) for r in split]
                 best = dict(arch=arch, width=width, params=params, devices=devices, peak_bytes=max(per_device),
                             split=",".join(f"{r.start}-{r.stop - 1}" for r in split))  # fmt: skip
     return best
