@@ -171,3 +171,25 @@ def test_summary_and_record_shape():
     assert s["emulated"] == dict(points=3, mean_abs_error=pytest.approx(0.08 / 3), max_abs_error=0.06)
     assert s["real"]["max_abs_error"] == 0.1 and s["peak_memory"]["max_abs_error"] == 0.03
     json.dumps(s)
+
+
+def test_the_validate_command_writes_its_record(monkeypatch, tmp_path, capsys):
+    """``petra plan validate`` end to end, with the stand-in in the place of ``petra_core.plan.measure``."""
+    import sys
+    import types
+
+    from petra_core.cli import main
+
+    fake = types.ModuleType("petra_core.plan.measure")
+    fake.EmulatedPoint, fake.measure_point = FakePoint, threaded_run
+    monkeypatch.setitem(sys.modules, "petra_core.plan.measure", fake)
+    out = tmp_path / "validate.json"
+    phases = "forward=4,rebuild=4,backward=8,step=1"
+    argv = ["plan", "validate", "--methods", "petra,gpipe", "--stages", "2", "--bandwidths", "1e7", "--real-ranks", "",
+            "--minibatches", "12", "--phase-ms", phases, "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "petra     J=2" in printed and "gpipe     J=2" in printed and "emulated: 2 points" in printed
+    record = json.loads(out.read_text())
+    assert [r["method"] for r in record["rows"]] == ["petra", "gpipe"]
+    assert record["settings"]["phase_ms"]["forward"] == 4.0 and record["provenance"]["revision"]
