@@ -174,6 +174,17 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_answers(args) -> int:
+    from .answers import answers
+
+    record = answers(args.profile, clusters=args.clusters.split(","), methods=args.methods.split(","),
+                     settings=args.settings)  # fmt: skip
+    _write_json(args.out, record)
+    print(f"{args.out}: {len(record['rows'])} predictions, {len(record['fewest'])} fewest-device counts, "
+          f"{len(record['largest'])} largest models; left out: {record['missing'] or 'nothing'}")  # fmt: skip
+    return 0
+
+
 def _model_args(p, *, profile: bool = True) -> None:
     p.add_argument("--model", default="revnet18", help="architecture (default %(default)s)")
     p.add_argument("--method", default="petra", help="training method (default %(default)s)")
@@ -203,7 +214,7 @@ def register(sub) -> None:
         "(docs/planning.md).",
     )
     psub = plan.add_subparsers(
-        dest="plan_command", required=True, metavar="COMMAND", help="predict, profile, search or validate"
+        dest="plan_command", required=True, metavar="COMMAND", help="predict, profile, search, answers or validate"
     )
 
     p = psub.add_parser(
@@ -247,6 +258,20 @@ def register(sub) -> None:
     p.add_argument("--max-devices", type=int, default=64, help="scan: 1..N devices (default %(default)s)")
     p.add_argument("--methods", default="backprop,delayed,dsp,petra", help="largest: methods (comma-separated)")
     p.set_defaults(func=cmd_search)
+
+    p = psub.add_parser(
+        "answers",
+        help="the reviewers' questions answered from committed profiles, as JSON",
+        description="For RevNet18 CIFAR and RevNet50 ImageNet on each cluster: time per minibatch and epoch, "
+        "speedup and memory per method and device count (best pipeline x replicas; one pipeline), the fewest "
+        "devices at batch 256, the largest RevNet per method; each with its provenance.",
+    )
+    p.add_argument("--profile", default="results/gpu/nvidia-h200/stage_profile.json", help="the stage profile")
+    p.add_argument("--settings", default="training", help="its rows' settings (default %(default)s)")
+    p.add_argument("--clusters", default="h100-sxm-node,h200-sxm-node,8x1-100gbe", help="cluster cards")
+    p.add_argument("--methods", default="backprop,delayed,dsp,petra,gpipe,1f1b", help="methods (comma-separated)")
+    p.add_argument("--out", required=True, help="the JSON to write (atomically)")
+    p.set_defaults(func=cmd_answers)
 
     p = psub.add_parser(
         "validate",
