@@ -7,13 +7,15 @@ For each of backprop, DSP and PETRA, from the first H200's RevNet50 stage profil
 (results/gpu/nvidia-h200/stage_profile.json, training settings): the best configuration and its
 predicted time for every device count 1..N on 8x1-100gbe nodes (the event simulation of each), the
 fewest 80 GB devices that hold the model, then the largest RevNet per method on an 8-GPU H100 node
-(meta-device sizing). Prints the seconds of each part and the total; torch is imported (and timed)
-apart, before the clock starts.
+(meta-device sizing). Prints the wall seconds of each part and the total, and the CPU seconds of the
+total (this process's: on a shared machine the wall time grows with the load, printed too); torch
+is imported (and timed) apart, before the clock starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -36,7 +38,7 @@ def main() -> None:
     from petra_core.plan.profiling import from_stage_profile
     from petra_core.plan.search import largest_revnet, min_devices, scan_devices
 
-    total = time.perf_counter()
+    total, cpu = time.perf_counter(), time.process_time()
     nodes, h100 = load_cluster("8x1-100gbe"), load_cluster("h100-sxm-node")
     for method in ("backprop", "dsp", "petra"):
         t = time.perf_counter()
@@ -57,7 +59,10 @@ def main() -> None:
             f"largest RevNet, {method:<9} on h100-sxm-node: {big['arch'] if big else '-'} width {big and big['width']}"
         )
     print(f"largest RevNet per method: {time.perf_counter() - t:.2f} s")
-    print(f"total: {time.perf_counter() - total:.2f} s")
+    print(
+        f"total: {time.perf_counter() - total:.2f} s wall, {time.process_time() - cpu:.2f} s CPU; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
 
 
 if __name__ == "__main__":
