@@ -364,6 +364,7 @@ def _extensions():
         "petra_core.workflow.store",
         "petra_core.workflow.gpus",
         "petra_core.workflow.revision",
+        "petra_core.plan.commands",
     ):
         try:
             registers.append(__import__(module, fromlist=["register"]).register)

@@ -1,0 +1,14 @@
+"""``petra plan``: a calibrated cluster model of petra's pipelines.
+
+Given a model, a method, a device profile (per-stage phase times and bytes) and a cluster card
+(devices, memory, links), the planner replays the method's action table as an event simulation
+(``simulate``) and answers: time per minibatch and per epoch, speedup, bubble, peak memory per
+device, communication. ``search`` finds the minimum devices, the best split and the largest RevNet
+that fits; ``validate`` checks predictions against real (emulated) multi-process runs.
+
+Modules, one job each: ``cluster`` (cards), ``profile`` (device profiles: measured, loaded, saved),
+``memory`` (bytes per stage from the accounting, on the meta device), ``simulate`` (the event
+simulation), ``search`` (the searches), ``validate`` (the harness), ``cli`` (``petra plan``). The
+measurement of an emulated multi-process point lives in ``measure``. This package imports torch only
+where a function needs it, so the CLI starts fast.
+"""
