@@ -84,7 +84,7 @@ def test_an_emulated_pipeline_runs_at_its_slowest_stage_and_a_slow_link_sets_the
     phases = {"forward": [0.01] * 3, "rebuild": [0.0] * 3, "backward": [0.03] * 3, "step": [0.0] * 3}
     plain = measure_point(EmulatedPoint(method="petra", stages=3, minibatches=14), timeout=300)
     padded = measure_point(EmulatedPoint(method="petra", stages=3, minibatches=14, phase_seconds=phases), timeout=300)
-    size = plain["message_bytes"][-1]  # the head sends back a gradient and its rebuilt input: the largest message
+    size = plain["message_bytes"]["backward"][-1]  # the head sends back a gradient and its rebuilt input: the largest
     slow = EmulatedPoint(method="petra", stages=3, minibatches=14, phase_seconds=phases, link=(0.0, size / 0.12))
     linked = measure_point(slow, timeout=300)
     assert plain["losses"] == padded["losses"] == linked["losses"] and len(plain["losses"]) == 14

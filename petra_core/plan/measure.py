@@ -99,10 +99,11 @@ def measure_point(point: EmulatedPoint, *, timeout: float = 600.0) -> dict:
     """Run ``point`` on J × R local ranks and return what it measured:
 
     ``seconds_per_minibatch`` (steady state, per replica's minibatch), ``phase_seconds`` (measured
-    mean per phase and stage, padding included), ``message_bytes`` (per stage, what it sent in both
-    directions, per minibatch), ``peak_bytes`` (kept activations per rank), ``ranks``,
-    ``padded_over`` (phases longer than their target), ``window`` (the minibatches timed),
-    ``losses`` (the head's, by minibatch: the same with and without emulation)."""
+    mean per phase and stage, padding included), ``message_bytes`` (``{"forward": [...],
+    "backward": [...]}``: what each stage sent to the next and to the previous one, per
+    minibatch), ``peak_bytes`` (kept activations per rank), ``ranks``, ``padded_over`` (phases
+    longer than their target), ``window`` (the minibatches timed), ``losses`` (the head's, by
+    minibatch: the same with and without emulation)."""
     from ..engine.launch import launch_local
 
     ranks = point.stages * point.replicas
@@ -162,6 +163,7 @@ def _rank(point: EmulatedPoint, out: str) -> None:
         "phases": padding.measured() if padding is not None else {},
         "overran": padding.overran if padding is not None else 0,
         "bytes_sent": stats.bytes_sent,
+        "bytes_sent_backward": stats.bytes_sent_backward,
         "peak_kept": sum(sum(w.peak_kept.values()) for w in pipe.workers),
         "tick_ends": list(pipe.tick_ends),
         "losses": [(r.mb, r.loss) for r in pipe.head_log],
@@ -187,9 +189,11 @@ def summarise(point: EmulatedPoint, schedule, ranks: list[dict]) -> dict:
             row = phases.setdefault(phase, [None] * point.stages)
             for stage, value in per_stage.items():
                 row[int(stage)] = value
-    message_bytes = [None] * point.stages  # what each stage sent (both directions) per minibatch
+    message_bytes = {"forward": [0.0] * point.stages, "backward": [0.0] * point.stages}  # per sending stage
     for r in (r for r in ranks if r["replica"] == 0):
-        message_bytes[r["stages"][0]] = r["bytes_sent"] / n
+        j = r["stages"][0]
+        message_bytes["backward"][j] = r["bytes_sent_backward"] / n
+        message_bytes["forward"][j] = (r["bytes_sent"] - r["bytes_sent_backward"]) / n
     return {
         "point": asdict(point),
         "seconds_per_minibatch": seconds,

@@ -85,9 +85,24 @@ def grid(
         for bw in bandwidths
         for J in stages
         for m in methods
+        if runs_on_chain(m, J)
     ]
-    points += [Point(m, J, 1, 1, None, emulated=False) for J in real_ranks for m in ("backprop", "petra")]
+    points += [
+        Point(m, J, 1, 1, None, emulated=False)
+        for J in real_ranks
+        for m in ("backprop", "petra")
+        if runs_on_chain(m, J)
+    ]
     return points
+
+
+def runs_on_chain(method: str, stages: int) -> bool:
+    """Can the measured chain (stem, J − 2 reversible blocks, head: ``measure.chain_model``) run
+    ``method`` at J? A method that rebuilds inputs needs a reversible block, so J >= 3; such
+    points are left out of the grid."""
+    from ..methods import METHODS
+
+    return stages >= 3 or not METHODS[method].needs_reversible
 
 
 def model_bytes(point: Point, arch: str, width: int, batch: int) -> list[dict] | None:

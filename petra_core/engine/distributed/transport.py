@@ -57,6 +57,7 @@ class TransportStats:
     send_s: float = 0.0
     background_recv_s: float = 0.0
     bytes_sent: int = 0
+    bytes_sent_backward: int = 0  # of bytes_sent, what went to the previous stage (gradients, rebuilt inputs)
     bytes_received: int = 0
 
 
@@ -296,7 +297,10 @@ class DistributedTransport:
         except Exception as err:  # noqa: BLE001
             raise self._send_error(edge, mb, err) from err
         self.sends.append((self.tick, edge, mb, works, tensors))
-        self.stats.bytes_sent += sum(t.numel() * t.element_size() for t in tensors[1:])
+        nbytes = sum(t.numel() * t.element_size() for t in tensors[1:])
+        self.stats.bytes_sent += nbytes
+        if direction == BACKWARD:
+            self.stats.bytes_sent_backward += nbytes
         self.stats.send_s += time.perf_counter() - t0
 
     def _lost(self, peer: int, what: str, err: BaseException) -> PipelineError:
