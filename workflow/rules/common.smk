@@ -92,6 +92,17 @@ def checkpoint_dir(wildcards):
     return RUNS[run_dir(wildcards)].checkpoint_dir.as_posix()
 
 
+def prepare_inputs(wildcards):
+    """The dataset's raw source, where the profile names one (a fetching source has none)."""
+    source = DATA_SOURCES[wildcards.dataset]
+    return {"source": ancient(source)} if source else {}
+
+
+def prepare_source_flag(wildcards):
+    source = DATA_SOURCES[wildcards.dataset]
+    return f"--source {shlex.quote(source)}" if source else ""
+
+
 def train_inputs(wildcards):
     """ancient(): a clone or `dvc pull` gives these files new mtimes; they must not retrain a run."""
     cfg = CONFIGS[run_dir(wildcards)]
