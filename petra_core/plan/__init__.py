@@ -6,9 +6,11 @@ Given a model, a method, a device profile (per-stage phase times and bytes) and 
 device, communication. ``search`` finds the minimum devices, the best split and the largest RevNet
 that fits; ``validate`` checks predictions against real (emulated) multi-process runs.
 
-Modules, one job each: ``cluster`` (cards), ``profile`` (device profiles: measured, loaded, saved),
-``memory`` (bytes per stage from the accounting, on the meta device), ``simulate`` (the event
-simulation), ``search`` (the searches), ``validate`` (the harness), ``cli`` (``petra plan``). The
-measurement of an emulated multi-process point lives in ``measure``. This package imports torch only
+Modules, one job each: ``cluster`` (cards), ``profile`` (device profiles: loaded, saved, checked),
+``profiling`` (profiles measured on this CPU or read from results/gpu), ``device_profile`` and
+``clock`` (a profile timed on a GPU), ``memory`` (bytes per stage from the accounting, on the meta
+device), ``simulate`` (the event simulation), ``search`` (the searches), ``answers`` (the
+reviewers' questions), ``validate`` (the harness), ``commands`` (``petra plan``). The measurement
+of an emulated multi-process point lives in ``measure`` (the emulated devices' work). This package imports torch only
 where a function needs it, so the CLI starts fast.
 """
