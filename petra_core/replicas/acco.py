@@ -26,7 +26,9 @@ rule puts into the stage the version its compute side needs (:meth:`ShardedRule.
   updates and g̃_t on a prediction of them; no step is delayed. ``first_round``: ``petra`` splits
   step 0 as every step; ``official`` puts one micro-batch in step 0's first half, as the authors'
   code does (its first tentative round sends the gradient of the one batch it computed to set up
-  its buffers), and k − 1 in the second.
+  its buffers), and k − 1 in the second. That is the official round 0 exactly at k = 2 only
+  (``results/official/acco.json``): the official step 0 holds 1 + k/2 micro-batches, which
+  petra's fixed k per step cannot express for k > 2 (``acco_k4.json``, docs/conventions.md).
 
 Here the accumulation count is fixed (the worker's k), so every replica computes the same
 micro-batches in every round and the simulator and torch.distributed agree bit for bit. On ranks
