@@ -136,13 +136,14 @@ def final_line(metrics: dict) -> str:
     """What ``petra train`` says of a finished run: top-1 and top-5 of an image classifier; test loss
     (nats per character), bits per character and perplexity of a language model."""
     if "top1" in metrics:
-        quality = f"top-1 {metrics['top1']:.2f} %, top-5 {metrics['top5']:.2f} %"
+        quality, unit = f"top-1 {metrics['top1']:.2f} %, top-5 {metrics['top5']:.2f} %", "images/s"
     else:
         quality = (
             f"test loss {metrics['test_loss']:.4f} nats/char, {metrics['test_bpc']:.4f} bits/char, "
             f"perplexity {metrics['test_ppl']:.3f}"
         )
-    return f"{quality}, {metrics['images_per_s']:.0f} images/s"
+        unit = "windows/s"  # a language model's samples are windows of characters
+    return f"{quality}, {metrics['images_per_s']:.0f} {unit}"
 
 
 def launch_plan(args, cfg):

@@ -139,6 +139,7 @@ def test_petra_train_on_botchan_records_the_families_text_metrics(arch, data_dir
     assert "nats/char" in out.out and "bits/char" in out.out and "top-1" not in out.out
     epoch_lines = [line for line in out.err.splitlines() if line.startswith("epoch ")]
     assert len(epoch_lines) == 2 and all("test_bpc" in line and "train_bpc" in line for line in epoch_lines)
+    assert all(" windows/s, ETA " in line for line in epoch_lines) and "windows/s" in out.out.splitlines()[-1]
     history = read(tmp_path / "run", "history.json")
     assert [h["epoch"] for h in history] == [1, 2]
     assert {"train_loss", "train_bpc", "train_ppl", "train_acc", "test_loss", "test_bpc", "test_ppl"} <= set(history[0])

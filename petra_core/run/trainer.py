@@ -520,7 +520,8 @@ def epoch_line(entry: dict, epochs: int, history: list[dict]) -> str:
     )
     per_epoch = sum(h["wall_time_s"] + h["eval_time_s"] for h in history) / len(history)
     eta = timedelta(seconds=round(per_epoch * (epochs - entry["epoch"])))
-    return f"epoch {entry['epoch']}/{epochs}: {fields}, {entry['images_per_s']:.0f} images/s, ETA {eta}"
+    unit = "windows/s" if "train_bpc" in entry else "images/s"  # a language model's samples are character windows
+    return f"epoch {entry['epoch']}/{epochs}: {fields}, {entry['images_per_s']:.0f} {unit}, ETA {eta}"
 
 
 def final_metrics(history: list[dict], optimizer_steps: int, peak_kept_bytes: list[int], family=None) -> dict:
