@@ -72,7 +72,7 @@ def test_padding_changes_no_bit():
 
 def test_the_chain_has_one_stage_per_rank_and_the_window_leaves_out_the_fill():
     point = EmulatedPoint(method="petra", stages=4, minibatches=20)
-    assert len(chain_model(point)) == 4 and chain_model(point).kinds == "S R R H"
+    assert len(chain_model(4)) == 4 and chain_model(4).kinds == "S R R H"
     assert steady_margin(point) == 4
     assert steady_margin(EmulatedPoint(method="gpipe", stages=3, k=2, minibatches=20)) == 4  # whole groups of 2
 

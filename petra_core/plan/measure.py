@@ -24,6 +24,8 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 
+from .chain import IMAGE_SIZE, chain_model
+
 RANK_PROGRAM = "petra_core.plan.measure"  # python -m RANK_PROGRAM --point JSON --out FILE
 
 
@@ -80,28 +82,14 @@ def steady_margin(point: EmulatedPoint) -> int:
     return -(-point.stages // group) * group
 
 
-def chain_model(point: EmulatedPoint):
-    """J stages of RevNet18's parts at ``width``: stem, J − 2 reversible blocks, head (seeded)."""
-    import torch
-
-    from ..families.registry import family_of
-    from ..models.blocks import Head, ReversibleBlock, Stem
-
-    torch.manual_seed(0)
-    w = point.width
-    stages = [Stem(2 * w, "cifar", two_streams=True)]
-    stages += [ReversibleBlock("basic", w, w) for _ in range(point.stages - 2)]
-    stages.append(Head(2 * w, 10))
-    return family_of("revnet18").staged("revnet18-chain", stages)
-
-
 def measure_point(point: EmulatedPoint, *, timeout: float = 600.0) -> dict:
     """Run ``point`` on J × R local ranks and return what it measured:
 
     ``seconds_per_minibatch`` (steady state, per replica's minibatch), ``phase_seconds`` (measured
     mean per phase and stage, padding included), ``message_bytes`` (``{"forward": [...],
     "backward": [...]}``: what each stage sent to the next and to the previous one, per
-    minibatch), ``peak_bytes`` (kept activations per rank), ``ranks``, ``padded_over`` (phases
+    minibatch), ``peak_bytes`` (None: no allocator peak per rank on CPU), ``kept_bytes`` (the most
+    activation bytes each rank kept between a forward and its backward), ``ranks``, ``padded_over`` (phases
     longer than their target), ``window`` (the minibatches timed), ``losses`` (the head's, by
     minibatch: the same with and without emulation)."""
     from ..engine.launch import launch_local
@@ -134,11 +122,12 @@ def _rank(point: EmulatedPoint, out: str) -> None:
     device = init_distributed("gloo")
     padding = PhasePadding(point.phase_seconds, point.stages) if point.phase_seconds else None
     world = DistributedWorld(device, replicas=point.replicas, link=Link(*point.link) if point.link else None)
-    model = chain_model(point)
+    model = chain_model(point.stages, point.width)
 
     def get_batch(mb: int):
         g = torch.Generator().manual_seed(1_000_003 + mb)
-        return torch.randn(point.batch, 3, 8, 8, generator=g), torch.randint(0, 10, (point.batch,), generator=g)
+        images = torch.randn(point.batch, 3, IMAGE_SIZE, IMAGE_SIZE, generator=g)
+        return images, torch.randint(0, 10, (point.batch,), generator=g)
 
     pipe = Pipeline.build(
         PipelineSpec(
@@ -200,7 +189,8 @@ def summarise(point: EmulatedPoint, schedule, ranks: list[dict]) -> dict:
         "window": {"minibatches": n - 2 * w, "from_tick": first, "to_tick": last},
         "phase_seconds": phases,
         "message_bytes": message_bytes,
-        "peak_bytes": [r["peak_kept"] for r in sorted(ranks, key=lambda r: r["rank"])],
+        "peak_bytes": None,  # no allocator peak per rank on CPU (RSS holds torch itself): not compared
+        "kept_bytes": [r["peak_kept"] for r in sorted(ranks, key=lambda r: r["rank"])],
         "ranks": len(ranks),
         "losses": [loss for _, loss in sorted(x for r in ranks for x in r["losses"])],  # emulation changes none
         "padded_over": sum(r["overran"] for r in ranks),

@@ -106,11 +106,16 @@ def runs_on_chain(method: str, stages: int) -> bool:
 
 
 def model_bytes(point: Point, arch: str, width: int, batch: int) -> list[dict] | None:
-    """The model's bytes per stage from the accounting, when ``arch`` has ``point.stages`` stages."""
-    from .memory import model_sizes, stage_bytes
+    """The bytes per stage of the model the point runs (``chain.chain_model``: J stages of the
+    arch's parts on ``measure.IMAGE_SIZE`` images), from the accounting on the meta device."""
+    import torch
 
-    sizes = model_sizes(arch, width, "cifar", 10, batch, 32)
-    return stage_bytes(sizes, point.method, batch=batch) if len(sizes) == point.stages else None
+    from .chain import IMAGE_SIZE, chain_model
+    from .memory import raw_sizes, stage_bytes
+
+    with torch.device("meta"):
+        model = chain_model(point.stages, width)
+    return stage_bytes(raw_sizes(model, batch=batch, image_size=IMAGE_SIZE), point.method, batch=batch)
 
 
 def measured_bytes(result: dict, stages: int) -> list[tuple[int, int]]:
@@ -166,7 +171,16 @@ def profile_for(
 
 
 def run_point(
-    point: Point, measure: Callable, spec_type: type, *, arch: str, width: int, batch: int, minibatches: int, phase_ms
+    point: Point,
+    measure: Callable,
+    spec_type: type,
+    *,
+    arch: str,
+    width: int,
+    batch: int,
+    minibatches: int,
+    phase_ms,
+    sized: bool = True,
 ) -> dict:
     """Measure one point (``measure(spec_type(...))``), then predict it from its configuration; the
     row of the record."""
@@ -178,7 +192,7 @@ def run_point(
     t0 = time.perf_counter()
     result = measure(spec)
     wall = time.perf_counter() - t0
-    sizes = model_bytes(point, arch, width, batch)
+    sizes = model_bytes(point, arch, width, batch) if sized else None
     bytes_from = "accounting" if sizes is not None else "measured"
     if sizes is None:
         sizes = measured_bytes(result, point.stages)
@@ -239,7 +253,10 @@ def validate(
     say: Callable[[str], None] = print,
 ) -> dict:
     """Measure and predict every point; the record (rows, summary, provenance). ``measure`` and
-    ``spec_type`` default to :mod:`petra_core.plan.measure`'s ``measure_point`` and ``EmulatedPoint``."""
+    ``spec_type`` default to :mod:`petra_core.plan.measure`'s ``measure_point`` and ``EmulatedPoint``;
+    the predictions then take the messages' sizes from the accounting of the chain those runs train
+    (``chain.py``), and from what another ``measure`` reports it sent otherwise."""
+    sized = measure is None  # the real runs: their model is known, so are its bytes
     if measure is None or spec_type is None:
         from . import measure as measuring
 
@@ -250,8 +267,9 @@ def validate(
     rows = []
     for p in points:
         row = run_point(
-            p, measure, spec_type, arch=arch, width=width, batch=batch, minibatches=minibatches, phase_ms=phase_ms
-        )
+            p, measure, spec_type, arch=arch, width=width, batch=batch, minibatches=minibatches, phase_ms=phase_ms,
+            sized=sized,
+        )  # fmt: skip
         rows.append(row)
         say(format_row(row))
     summary = summarise(rows)
