@@ -156,6 +156,11 @@ SMALL = {  # settings small enough to load every module a measurement runs in a 
         {"table1": {"image_size": 32, "width": 4, "num_batches": 2}, "fidelity": {"num_batches": 8, "width": 4}},
     ),
     "cyclic": ("petra_core.accounting.cyclic", {"archs": ["revnet18"], "width": 4, "batch": 2, "image_size": 16}),
+    # the planner's answers at one cluster card (every method, both models: all the code the others run)
+    "plan": (
+        "petra_core.plan.answers",
+        {"profile": str(ROOT / "results/gpu/nvidia-h200/stage_profile.json"), "clusters": ["8x1-100gbe"]},
+    ),
 }
 NOT_DECIDING = {"__init__.py", "lazy.py", "run/__init__.py", "run/runio.py"}  # exports, and writing the files
 

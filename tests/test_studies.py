@@ -52,7 +52,7 @@ def registry(tmp_path) -> Path:
 
 def test_every_study_is_declared_once_and_its_builders_and_templates_exist():
     declared = studies.load_all(REGISTRY)
-    assert {s.name for s in declared} == {"acco", "budget", "cdp", "cpu", "cyclic", "wash"}
+    assert {s.name for s in declared} == {"acco", "budget", "cdp", "cpu", "cyclic", "plan", "wash"}
     for study in declared:
         if study.profile:
             assert (ROOT / "workflow/config/profiles" / f"{study.profile}.yaml").exists(), study.name
@@ -142,7 +142,7 @@ def test_a_new_study_gets_its_dvc_stage_and_render_dependency(registry):
     }
     deps = pipeline["stages"]["render"]["deps"]
     assert {"results/toy", str(registry), str(registry / "toy_templates")} <= set(deps)
-    assert list(pipeline["stages"]) == ["costs", "cyclic", "toy", "results", "render"]
+    assert list(pipeline["stages"]) == ["costs", "cyclic", "plan", "toy", "results", "render"]
 
 
 @pytest.mark.slow  # Snakemake parses the workflow in a subprocess (a few seconds each)
@@ -167,7 +167,7 @@ def test_petra_studies_lists_the_registry(registry, capsys):
 
     assert main(["studies", "--studies", str(registry)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["acco", "budget", "cdp", "cpu", "cyclic", "toy", "wash"]
+    assert [line.split(":")[0] for line in lines] == ["acco", "budget", "cdp", "cpu", "cyclic", "plan", "toy", "wash"]
     toy = next(line for line in lines if line.startswith("toy:"))
     assert "results/toy (measured by `printf" in toy and toy.endswith("; table toy")
     assert main(["studies", "--studies", str(registry / "nothing")]) == 2

@@ -10,7 +10,8 @@ Modules, one job each: ``cluster`` (cards), ``profile`` (device profiles: loaded
 ``profiling`` (profiles measured on this CPU or read from results/gpu), ``device_profile`` and
 ``clock`` (a profile timed on a GPU), ``memory`` (bytes per stage from the accounting, on the meta
 device), ``simulate`` (the event simulation), ``search`` (the searches), ``answers`` (the
-reviewers' questions), ``validate`` (the harness), ``commands`` (``petra plan``). The measurement
+reviewers' questions), ``formulas`` (closed-form memory per stage: PipeDream's
+optimizer, the paper's Table 1), ``validate`` (the harness), ``commands`` (``petra plan``). The measurement
 of an emulated multi-process point lives in ``measure`` (the emulated devices' work). This package imports torch only
 where a function needs it, so the CLI starts fast.
 """

@@ -9,7 +9,8 @@ provenance (profile, card, code revision). GPipe and 1F1B run backprop's stages 
 phases (``methods/registry.py``: the same storage), so their times are backprop's profile, said in
 the row. A method the profile has no row for is left out and named in ``missing``.
 
-The rows are what a renderer reads (a table and figure of the study registry: not written yet).
+The record is the ``plan`` study's (``workflow/studies/plan.yaml``): ``petra_core/report/plan.py``
+renders its table and figure.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from .cluster import PlanError, load_cluster
-from .profiling import from_stage_profile, revision
+from .formulas import PIPEDREAM_FORMULA, PIPEDREAM_SOURCE, memory_terms
+from .profiling import STEMS, from_stage_profile, revision
 from .search import best_split, largest_revnet, min_devices, scan_devices, sized_profile, stage_costs
 from .simulate import predict
 
@@ -27,6 +29,11 @@ CONFIGS = (("revnet18", "cifar", 50_000), ("revnet50", "imagenet", 1_281_167))  
 CLUSTERS = ("h100-sxm-node", "h200-sxm-node", "8x1-100gbe")
 METHODS = ("backprop", "delayed", "dsp", "petra", "gpipe", "1f1b")
 FLUSHED = ("gpipe", "1f1b")
+
+
+def card_file(card: str) -> str:
+    """Where a cluster card named on the command line is (a shipped card's name, or a YAML path)."""
+    return card if card.endswith((".yaml", ".yml")) else f"petra_core/plan/clusters/{card}.yaml"
 
 
 def method_profile(path: str | Path, arch: str, method: str, settings: str):
@@ -90,8 +97,9 @@ def answers(
     batch_for_min: int = 256,
 ) -> dict:  # fmt: skip
     """``rows`` (one per model, cluster, method, layout and device count), ``fewest`` (devices at
-    ``batch_for_min``), ``largest`` (per model family, cluster and method), ``missing``, ``provenance``."""
-    rows, fewest, largest, missing = [], [], [], []
+    ``batch_for_min``), ``largest`` (per model family, cluster and method), ``formulas`` (per model,
+    method and stage: the closed forms' memory), ``missing``, ``provenance``."""
+    rows, fewest, largest, missing, formulas = [], [], [], [], []
     cards = [load_cluster(c) for c in clusters]
     for arch, stem, images in CONFIGS:
         for card in cards:
@@ -109,8 +117,21 @@ def answers(
             for method in [m for m in methods if m not in FLUSHED]:
                 big = largest_revnet(card, method, batch=64, stem=stem)
                 largest.append(dict(stem=stem, cluster=card.name, method=method, batch=64, **(big or {})))
+        shape = method_profile(profile_path, arch, "backprop", settings)  # the profile's width and batch
+        image_size, classes = STEMS[stem]
+        formulas += memory_terms(arch, width=shape.width, stem=stem, batch=shape.batch, num_classes=classes,
+                                 image_size=image_size)  # fmt: skip
     return dict(
-        rows=rows, fewest=fewest, largest=largest, missing=missing,
+        rows=rows, fewest=fewest, largest=largest, formulas=formulas, missing=missing,
         provenance=dict(profile=str(profile_path), settings=settings, clusters=list(clusters), revision=revision(),
+                        cards={c.name: dict(card=card_file(arg), source=c.source) for arg, c in zip(clusters, cards)},
+                        pipedream=dict(formula=PIPEDREAM_FORMULA, source=PIPEDREAM_SOURCE),
                         epoch="time per minibatch at steady state x minibatches an epoch / replicas (fill ignored)"),
     )  # fmt: skip
+
+
+def measure(settings: dict | None = None) -> dict:
+    """The record ``petra plan answers`` writes, at ``settings`` (keywords of :func:`answers`; the
+    default profile when none): the entry point that tests load the measurement's modules through."""
+    settings = dict(settings or {})
+    return answers(settings.pop("profile", "results/gpu/nvidia-h200/stage_profile.json"), **settings)
