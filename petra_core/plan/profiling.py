@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 from .cluster import PlanError
@@ -28,14 +27,13 @@ STEMS = {"cifar": (32, 10), "imagenet": (224, 1000)}  # image size, classes
 
 
 def revision() -> str:
-    """The code revision (``git describe --always --dirty``), or ``unknown`` outside a checkout."""
-    try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=Path(__file__).parent
-        )
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
+    """The code revision (``runio.git_revision``: HEAD, ``-dirty`` if a tracked file other than a
+    record, the planner's own results or the DVC lock differs from it), ``unknown`` outside a checkout.
+    A ``dvc repro`` deletes a stage's outputs and rewrites the lock before the stage runs: neither
+    is code."""
+    from ..run.runio import git_revision
+
+    return git_revision(outputs=("results/plan", "dvc.lock")) or "unknown"
 
 
 def _stem(stem: str) -> tuple[int, int]:
