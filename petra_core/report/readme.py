@@ -32,6 +32,8 @@ GPU_END = "<!-- gpu:end -->"
 DOC = "docs/reproducing.md"
 # docs/reproducing.md's generated blocks: name -> its template, ``reproducing_NAME.md.j2``.
 DOC_BLOCKS = ("cpu-table2", "table3", "cpu-table3", "cpu-fig4", "gpu-hours")
+PLANNING = "planning.md"  # docs/planning.md, beside DOC: its block ``validate``, from results/plan/validate.json
+VALIDATE_RECORD = "plan/validate.json"
 
 
 def doc_markers(name: str) -> tuple[str, str]:
@@ -294,6 +296,30 @@ def render_gpu(results_root: str | Path = "results") -> str:
     return f"{GPU_BEGIN}\n{body}\n{GPU_END}"
 
 
+def validate_context(results_root: str | Path = "results") -> dict | None:
+    """``petra plan validate``'s record (None where there is none), each row with its link's label
+    and the record with the phases that overran their emulated targets."""
+    import json
+
+    path = Path(results_root) / VALIDATE_RECORD
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    for r in record["rows"]:
+        r["link_label"] = "real (gloo)" if not r["emulated"] else f"{r['link'][1] / 1e6:g} MB/s"
+    record["overran"] = sum(r.get("padded_over") or 0 for r in record["rows"])
+    return record
+
+
+def render_planning_blocks(results_root: str | Path = "results") -> list[tuple[str, str, str]]:
+    """docs/planning.md's generated block: the planner against the runs (``validate``)."""
+    from .tables import environment
+
+    body = environment().get_template("planning_validate.md.j2").render(validate=validate_context(results_root))
+    begin, end = doc_markers("plan-validate")
+    return [(begin, end, f"{begin}\n{body.strip(chr(10))}\n{end}")]
+
+
 def _blocks(results_root, studies_dir) -> list[tuple[str, str, str]]:
     return [
         (BEGIN, END, render_block(results_root, studies_dir)),
@@ -328,6 +354,9 @@ def _files(readme, doc, results_root, studies_dir) -> list[tuple[Path, list]]:
     files = [(Path(readme), _blocks(results_root, studies_dir))]
     if doc is not None:
         files.append((Path(doc), _doc_blocks(results_root, studies_dir)))
+        planning = Path(doc).parent / PLANNING
+        if planning.exists():
+            files.append((planning, render_planning_blocks(results_root)))
     return files
 
 
@@ -370,7 +399,7 @@ def cmd_readme(args) -> int:
     if args.check:
         files = stale(args.readme, args.results, args.studies, args.doc)
         if not files:
-            print(f"{args.readme}, {args.doc}: their generated blocks are what the records give")
+            print(f"{args.readme}, {args.doc}, {PLANNING}: their generated blocks are what the records give")
             return 0
         print(f"{', '.join(files)}: a generated block differs from the records; run `petra readme`")
         return 1
