@@ -120,7 +120,8 @@ def _rank(point: EmulatedPoint, out: str) -> None:
 
     torch.set_num_threads(1)
     device = init_distributed("gloo")
-    padding = PhasePadding(point.phase_seconds, point.stages) if point.phase_seconds else None
+    # no targets: pads nothing, still measures each phase (what a real point is predicted from)
+    padding = PhasePadding(point.phase_seconds or {}, point.stages)
     world = DistributedWorld(device, replicas=point.replicas, link=Link(*point.link) if point.link else None)
     model = chain_model(point.stages, point.width)
 
@@ -139,7 +140,7 @@ def _rank(point: EmulatedPoint, out: str) -> None:
             world=world,
             get_batch=get_batch,
             batch_size=point.batch,
-            observers=(padding,) if padding is not None else (),
+            observers=(padding,),
         )
     )
     while not pipe.done:
@@ -149,8 +150,8 @@ def _rank(point: EmulatedPoint, out: str) -> None:
         "rank": pipe.rank,
         "stages": list(pipe.stages),
         "replica": pipe.world.placement.replica,
-        "phases": padding.measured() if padding is not None else {},
-        "overran": padding.overran if padding is not None else 0,
+        "phases": padding.measured(),
+        "overran": padding.overran,
         "bytes_sent": stats.bytes_sent,
         "bytes_sent_backward": stats.bytes_sent_backward,
         "peak_kept": sum(sum(w.peak_kept.values()) for w in pipe.workers),
