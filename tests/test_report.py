@@ -1174,3 +1174,169 @@ def test_a_figure_is_written_whole_or_not_at_all(tmp_path):
     with pytest.raises(OSError, match="No space left"):
         figures.save(fig, tmp_path, "curve")
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+# --- language-model studies: PETRA on reversible transformers, ACCO on a language model --------------
+TF_PROFILE = {
+    "profile": "faketf",
+    "run_name": "{arch}-{method}-seed{seed}-e{epochs}",
+    "train": {"dataset": "shakespeare", "size": "cpu", "batch_size": 12, "windows_per_epoch": 1200, "eval_every": 1},
+    "grid": [
+        {"arch": "revgpt", "method": ["backprop", "petra"], "seed": [0, 1], "epochs": [2, 4]},
+        {"arch": "gpt", "method": "backprop", "seed": [0, 1], "epochs": [2, 4]},
+    ],
+}
+TF_LOSS = {("revgpt", "backprop"): 2.0, ("revgpt", "petra"): 2.3, ("gpt", "backprop"): 1.95}  # at 2 epochs
+
+
+def text_history(loss_at: callable, epochs: int, images_per_s: float = 100.0) -> list[dict]:
+    return [
+        {
+            "epoch": e,
+            "train_loss": loss_at(e) - 0.05,
+            "train_bpc": 1.0,
+            "train_ppl": 1.0,
+            "train_acc": 40.0,
+            "test_loss": loss_at(e),
+            "test_bpc": loss_at(e) / math.log(2),
+            "test_ppl": math.exp(loss_at(e)),
+            "test_acc": 40.0,
+            "lr": 0.001,
+            "images_per_s": images_per_s,
+            "wall_time_s": 1.0,
+            "eval_time_s": 0.1,
+        }
+        for e in range(1, epochs + 1)
+    ]
+
+
+def text_metrics(history: list[dict], steps: int, kept: list[int], **extra) -> dict:
+    last = history[-1]
+    return {
+        **{
+            k: last[k]
+            for k in ("test_loss", "test_bpc", "test_ppl", "test_acc", "train_loss", "train_bpc", "train_ppl")
+        },
+        "train_acc": 40.0,
+        "best_test_loss": min(h["test_loss"] for h in history),
+        "epochs": len(history),
+        "optimizer_steps": steps,
+        "peak_kept_bytes": kept,
+        "images_per_s": history[-1]["images_per_s"],
+        "wall_time_s": 1.0,
+        "params": 1000,
+        "aux_params": 0,
+        "stages": len(kept),
+        "stage_kinds": "S R R H",
+        **extra,
+    }
+
+
+def write_tf_run(run_dir, cfg):
+    # the loss halves its distance to 1.5 with every doubling of the budget, PETRA's gap with it
+    base = TF_LOSS[cfg["arch"], cfg["method"]] - 0.25 * (cfg["epochs"] == 4) + 0.01 * cfg["seed"]
+    history = text_history(lambda e: base + 0.1 * (cfg["epochs"] - e), cfg["epochs"])
+    kept = [1_000_000] * 4 if cfg["method"] == "backprop" else [250_000] * 4
+    write_records(run_dir, cfg, text_metrics(history, 100 * cfg["epochs"], kept), history)
+
+
+@pytest.fixture(scope="module")
+def tf_runs(tmp_path_factory):
+    return profile_results(tmp_path_factory, TF_PROFILE, write_tf_run)
+
+
+def test_the_transformer_study_tables_the_gap_to_backprop_per_budget_and_the_twins_cost(tf_runs):
+    from petra_core.report.tables import render
+    from petra_core.report.transformers import budget_frame, goals, transformers_context, transformers_figure
+
+    frame = budget_frame(tf_runs["summary"], tf_runs["results"]).set_index(["arch", "method", "minibatches"])
+    assert frame.loc[("revgpt", "petra", 200), "gap"] == pytest.approx(0.3)
+    assert frame.loc[("gpt", "backprop", 400), "gap"] == pytest.approx(-0.05)  # the cost of reversibility
+    assert frame.loc[("revgpt", "petra", 400), "mean"] == pytest.approx(2.055)  # seeds 0 and 1
+    assert set(frame.metric) == {"test_loss"}
+    backprop, petra = goals(budget_frame(tf_runs["summary"], tf_runs["results"]))
+    assert backprop["value"] == pytest.approx(1.755) and backprop["met"]  # the best within 5,000 steps
+    assert petra["value"] == pytest.approx(0.3) and not petra["met"]  # at the largest budget, 400
+    context = transformers_context(tf_runs, "faketf")
+    md = render("transformers", "md", context)
+    assert "| 400 | 1.755 ± 0.007 (n = 2) | – | 2.055 ± 0.007 (n = 2) | +0.300 ± 0.010 |" in md, md
+    assert "PETRA's gap to backprop at 400 minibatches: 0.300 ± 0.010 (goal ≤ 0.05): **not met**" in md
+    assert "| RevGPT, PETRA | 4 | 1,000 | 1.00 | 0.25 |" in md  # kept bytes of the run, MB
+    assert "\\begin{tabular}" in render("transformers", "tex", context)
+    fig = transformers_figure(tf_runs, "faketf")
+    assert fig.axes[0].get_xscale() == "log" and fig.axes[1].get_ylabel() == "validation loss (nats/char)"
+
+
+ACCO_LM_PROFILE = {
+    "profile": "fakeaccolm",
+    "run_name": "{replica_rule}-seed{seed}",
+    "train": {
+        "dataset": "shakespeare",
+        "arch": "revgpt",
+        "size": "cpu",
+        "batch_size": 12,
+        "k": 2,
+        "windows_per_epoch": 960,
+        "epochs": 10,
+        "replicas": 4,
+        "optimizer": "adamw",
+        "method": "backprop",
+        "eval_every": 2,
+    },
+    "grid": [{"replica_rule": ["zero1", "dpu", "acco"], "seed": [0, 1]}],
+}
+ACCO_LM_LOSS = {"zero1": 2.0, "acco": 2.01, "dpu": 2.4}
+
+
+def write_acco_lm_run(run_dir, cfg):
+    base = ACCO_LM_LOSS[cfg["replica_rule"]] + 0.01 * cfg["seed"]
+    history = text_history(lambda e: base / e, 10, images_per_s=240.0)  # 0.1 s a step of 2 x 12 windows
+    for h in history[::2]:  # evaluated every 2 epochs
+        h.update(test_loss=None, test_bpc=None, test_ppl=None, test_acc=None)
+    metrics = text_metrics([h for h in history if h["test_loss"] is not None], 200, [0] * 4)
+    metrics.update(epochs=10, train_loss=history[-1]["train_loss"], floats_sent_per_step=1.0)
+    write_records(run_dir, cfg, metrics, history)
+
+
+@pytest.fixture(scope="module")
+def acco_lm_runs(tmp_path_factory):
+    return profile_results(tmp_path_factory, ACCO_LM_PROFILE, write_acco_lm_run)
+
+
+def test_acco_on_a_language_model_is_judged_on_validation_loss_and_clocked_on_a_link(acco_lm_runs):
+    """A language model's rules are compared on validation loss (nats/char, lower is better); the
+    clock models each rule's step on the declared link from the runs' measured compute."""
+    from petra_core.plan.cluster import Link
+    from petra_core.plan.replica_clock import step_seconds
+    from petra_core.report.acco import acco_context, acco_figure, acco_frame, metric_of, verdicts
+    from petra_core.report.tables import render
+
+    assert metric_of(acco_lm_runs["results"]) == "test_loss"
+    frame = acco_frame(acco_lm_runs["results"], acco_lm_runs["history"]).set_index("label")
+    assert frame.loc["DPU, no warm-up", "early_test_loss"] == pytest.approx((2.4 + 2.41) / 2 / 2)  # epoch 2
+    assert frame.loc["ACCO", "gap_test_loss"] == pytest.approx(0.001)
+    (v,) = verdicts(acco_frame(acco_lm_runs["results"], acco_lm_runs["history"]))
+    assert v["metric"] == "test_loss" and v["acco_level"] and v["claim_holds"]
+    links = [
+        {"name": "a slow link", "class": "ethernet", "latency_us": 100, "bandwidth_gb_s": 1e-5},
+        {"name": "a fast link", "class": "nvlink", "latency_us": 1, "bandwidth_gb_s": 100},
+    ]
+    context = acco_context(acco_lm_runs, "fakeaccolm", links=links)
+    clock = {r["label"]: r["links"] for r in context["clock"]["rows"]}
+    assert context["clock"]["compute_s"] == pytest.approx(0.1)  # 2 x 12 windows at 240 a second
+    slow = Link("ethernet", 1e-4, 1e4)  # 10 kB/s: a round of 1,000 floats takes 0.6 s, 6 steps' compute
+    assert clock["DDP (ZeRO-1)"][0]["step_s"] == pytest.approx(
+        step_seconds("zero1", compute_s=0.1, params=1000, replicas=4, link=slow)
+    )
+    assert clock["ACCO"][0]["total_h"] == pytest.approx(200 * clock["ACCO"][0]["step_s"] / 3600)
+    assert clock["ACCO"][1]["step_s"] == pytest.approx(0.1)  # a fast link: the two rounds are hidden
+    slow_summary, fast_summary = context["clock"]["summary"]
+    assert fast_summary["acco_vs_ddp"] < 1 and slow_summary["acco_vs_ddp"] > 1  # 2 rounds on a slow link
+    md = render("acco_lm", "md", context)
+    assert "Training and validation loss (nats per character)" in md and "validation loss, end" in md, md
+    assert "**Modelled wall-clock.**" in md and "| Rule | step on a slow link (s) | whole run (h) |" in md, md
+    assert "- On a fast link, against DDP's whole run: DPU, no warm-up " in md
+    assert "early validation loss" in md and "The claim holds." in md
+    assert "validation loss (nats per character)" in render("acco_lm", "tex", context)
+    fig = acco_figure(acco_lm_runs, "fakeaccolm", links=links)
+    assert len(fig.axes) == 4 and fig.axes[2].get_xlabel() == "modelled wall-clock on a slow link (h)"

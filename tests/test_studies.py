@@ -52,7 +52,17 @@ def registry(tmp_path) -> Path:
 
 def test_every_study_is_declared_once_and_its_builders_and_templates_exist():
     declared = studies.load_all(REGISTRY)
-    assert {s.name for s in declared} == {"acco", "budget", "cdp", "cpu", "cyclic", "plan", "wash"}
+    assert {s.name for s in declared} == {
+        "acco",
+        "budget",
+        "cdp",
+        "cpu",
+        "cyclic",
+        "plan",
+        "transformers",
+        "wash",
+        "acco-lm",
+    }
     for study in declared:
         if study.profile:
             assert (ROOT / "workflow/config/profiles" / f"{study.profile}.yaml").exists(), study.name
@@ -167,7 +177,18 @@ def test_petra_studies_lists_the_registry(registry, capsys):
 
     assert main(["studies", "--studies", str(registry)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["acco", "budget", "cdp", "cpu", "cyclic", "plan", "toy", "wash"]
+    assert [line.split(":")[0] for line in lines] == [
+        "acco",
+        "acco-lm",
+        "budget",
+        "cdp",
+        "cpu",
+        "cyclic",
+        "plan",
+        "toy",
+        "transformers",
+        "wash",
+    ]
     toy = next(line for line in lines if line.startswith("toy:"))
     assert "results/toy (measured by `printf" in toy and toy.endswith("; table toy")
     assert main(["studies", "--studies", str(registry / "nothing")]) == 2

@@ -138,6 +138,12 @@ def _link(card: str, name: str, spec) -> Link:
     )
 
 
+def link_from_spec(where: str, name: str, spec) -> Link:
+    """A link of class ``name`` from ``spec`` (``latency_us``, ``bandwidth_gb_s``, ``efficiency``), as a
+    card declares one; ``where`` names the declaration in an error."""
+    return _link(where, name, spec)
+
+
 def _pick(card: str, key: str, value, links: dict[str, Link], needed: bool) -> Link | None:
     if value is None:
         if needed:

@@ -19,11 +19,23 @@ METHOD_LABELS = {
 }
 METHOD_ORDER = ["backprop", "revbackprop", "delayed", "dsp", "petra", "local", "fg-local-w", "fg-local-a"]
 LOCAL_LEARNING = ("local", "fg-local-w", "fg-local-a")  # not in the paper: a row block of their own
-DATASET_LABELS = {"cifar10": "CIFAR-10", "imagenet32": "ImageNet32", "imagenet": "ImageNet", "synthetic": "synthetic"}
+DATASET_LABELS = {
+    "cifar10": "CIFAR-10",
+    "imagenet32": "ImageNet32",
+    "imagenet": "ImageNet",
+    "synthetic": "synthetic",
+    "shakespeare": "Shakespeare",
+    "botchan": "Botchan",
+}
+
+
+NAMED_MODELS = {"revgpt": "RevGPT", "gpt": "GPT", "revvit": "RevViT", "vit": "ViT"}
 
 
 def model_label(arch: str) -> str:
-    """``revnet18`` -> ``RevNet18``."""
+    """``revnet18`` -> ``RevNet18``, ``revgpt`` -> ``RevGPT``."""
+    if arch in NAMED_MODELS:
+        return NAMED_MODELS[arch]
     family, depth = re.fullmatch(r"([a-z]+?)(\d+)", arch).groups()
     return {"resnet": "ResNet", "revnet": "RevNet"}.get(family, family) + depth
 
@@ -120,8 +132,12 @@ def describe_runs(results: pd.DataFrame) -> str:
         replicas = sorted(int(x) for x in g.cfg_replicas.dropna().unique()) if "cfg_replicas" in g else []
         if replicas and replicas != [1]:
             batches = f"{batches} per replica, {'/'.join(map(str, replicas))} replicas"
+        widths = sorted(int(w) for w in g.width.dropna().unique())
+        width = f", width {'/'.join(map(str, widths))}" if widths else ""
+        sizes = sorted(str(x) for x in g.get("cfg_size", pd.Series(dtype=object)).dropna().unique())
+        size = f", size {'/'.join(sizes)}" if sizes and not widths else ""
         parts.append(
-            f"{DATASET_LABELS.get(dataset, dataset)}{subset}, width {'/'.join(map(str, sorted(g.width.unique())))}, "
+            f"{DATASET_LABELS.get(dataset, dataset)}{subset}{width}{size}, "
             f"{'/'.join(map(str, sorted(g.epochs_done.unique())))} epochs, batch {batches}"
         )
     env = results.iloc[0]

@@ -1,0 +1,239 @@
+"""PETRA on reversible transformers (the ``transformers`` study): the gap to backprop at each
+training budget, what reversibility costs (the reversible model's backprop against its
+non-reversible twin's, the same parameter count) and the memory each method keeps per stage.
+
+A language model is judged on validation loss (nats per character, lower is better), an image
+model on top-1 (%). A gap is the method's metric minus backprop's on the same reversible model and
+budget (mean over seeds, the sds added in quadrature), so a positive loss gap and a negative top-1
+gap are both PETRA behind. The goals the study was set (issue 43) are asked of the records, not
+typed: backprop's validation loss at 5,000 steps, and PETRA's gap at the largest budget.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from .labels import DATASET_LABELS, METHOD_LABELS, describe_runs, model_label
+
+TWINS = {"revgpt": "gpt", "revvit": "vit"}  # a reversible model -> its non-reversible twin
+GOALS = {  # (reversible arch, metric) -> the study's targets (issue 43's CPU-scale goals)
+    ("revgpt", "test_loss"): {"backprop_at_most": 1.9, "backprop_within_steps": 5000, "gap_at_most": 0.05},
+}
+METRICS = {"test_loss": "validation loss (nats/char)", "top1": "top-1 (%)"}
+
+
+def applies(summary: pd.DataFrame) -> bool:
+    return not summary.empty and summary.arch.isin(list(TWINS)).any()
+
+
+def metric_of(rows: pd.DataFrame) -> str:
+    """``test_loss`` for a language model's runs (they record bits per character), else ``top1``."""
+    bpc = rows.get("test_bpc_mean", pd.Series(dtype=float))
+    return "test_loss" if bpc.notna().any() else "top1"
+
+
+def _spread(*stds) -> float:
+    known = [float(s) for s in stds if not pd.isna(s)]
+    return math.sqrt(sum(s * s for s in known)) if known else float("nan")
+
+
+def _cell(row) -> dict:
+    if row is None:
+        return None
+    return {"mean": row["mean"], "std": row["std"], "n": int(row["n"])}
+
+
+def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
+    """One row per (dataset, reversible arch, budget, method) of the reversible model or its twin's
+    backprop: the metric's mean, sd, n and, but for backprop, the gap to backprop."""
+    rows = []
+    for rev, twin in TWINS.items():
+        mine = summary[summary.arch.isin([rev, twin])]
+        if mine.empty or rev not in set(mine.arch):
+            continue
+        metric = metric_of(mine[mine.arch == rev])
+        for dataset, d in mine.groupby("dataset", sort=False):
+            for epochs, g in d.groupby("epochs"):
+                done = results[(results.arch == rev) & (results.dataset == dataset) & (results.epochs == epochs)]
+                minibatches = int((done.optimizer_steps * done.k).max()) if not done.empty else None
+                stats = {
+                    (r["arch"], r["method"], int(r["k"])): {
+                        "mean": r[f"{metric}_mean"],
+                        "std": r[f"{metric}_std"],
+                        "n": r["n"],
+                    }
+                    for r in g.to_dict("records")
+                }
+                bp = stats.get((rev, "backprop", 1))
+                for (arch, method, k), s in stats.items():
+                    if arch == twin and method != "backprop":
+                        continue
+                    gap = err = float("nan")
+                    if bp is not None and not (arch == rev and method == "backprop"):
+                        gap, err = s["mean"] - bp["mean"], _spread(s["std"], bp["std"])
+                    rows.append(
+                        {
+                            "dataset": dataset,
+                            "model": rev,
+                            "arch": arch,
+                            "method": method,
+                            "k": k,
+                            "epochs": epochs,
+                            "minibatches": minibatches,
+                            "metric": metric,
+                            **s,
+                            "gap": gap,
+                            "gap_err": err,
+                        }
+                    )
+    return pd.DataFrame(rows)
+
+
+def _setting(arch: str, method: str, k: int) -> str:
+    label = f"{model_label(arch)}, {METHOD_LABELS.get(method, method)}"
+    return label + (f" (k = {k})" if k != 1 else "")
+
+
+def goals(frame: pd.DataFrame) -> list[dict]:
+    """The study's goals asked of the records: each with its value, target and whether it is met."""
+    out = []
+    for (rev, metric), target in GOALS.items():
+        mine = frame[(frame.model == rev) & (frame.metric == metric)]
+        if mine.empty:
+            continue
+        bp = mine[(mine.arch == rev) & (mine.method == "backprop")]
+        within = bp[bp.minibatches <= target["backprop_within_steps"]]
+        if not within.empty:
+            best = within.loc[within["mean"].idxmin()]
+            out.append(
+                {
+                    "what": f"{model_label(rev)} backprop, {METRICS[metric]} within "
+                    f"{target['backprop_within_steps']:,} steps",
+                    "value": best["mean"],
+                    "err": best["std"],
+                    "target": f"≤ {target['backprop_at_most']}",
+                    "met": bool(best["mean"] <= target["backprop_at_most"]),
+                }
+            )
+        petra = mine[(mine.arch == rev) & (mine.method == "petra") & (mine.k == 1)]
+        if not petra.empty:
+            last = petra.loc[petra.minibatches.idxmax()]
+            out.append(
+                {
+                    "what": f"{model_label(rev)} PETRA's gap to backprop at {int(last.minibatches):,} minibatches",
+                    "value": last["gap"],
+                    "err": last["gap_err"],
+                    "target": f"≤ {target['gap_at_most']}",
+                    "met": bool(last["gap"] <= target["gap_at_most"]),
+                }
+            )
+    return out
+
+
+def memory_rows(results: pd.DataFrame) -> list[dict]:
+    """Per (model, method): the bytes kept between forward and backward, over all stages and at the
+    largest stage (measured by the run; the same for every seed and budget)."""
+    mine = results[results.arch.isin([*TWINS, *TWINS.values()])]
+    rows = []
+    for (arch, method), g in mine.groupby(["arch", "method"], sort=False):
+        r = g.iloc[0]
+        rows.append(
+            {
+                "setting": _setting(arch, method, 1),
+                "stages": int(r["num_stages"]),
+                "total_mb": float(r["kept_total_mb"]),
+                "max_mb": float(r["kept_max_mb"]),
+                "params": int(r["params"]),
+            }
+        )
+    return rows
+
+
+def transformers_context(frames: dict, profile: str) -> dict:
+    summary, results = frames["summary"], frames["results"]
+    context = {"profile": profile, "gathered": not summary.empty, "applies": applies(summary), "series": []}
+    if not context["applies"]:
+        return context
+    frame = budget_frame(summary, results)
+    for (dataset, rev), s in frame.groupby(["dataset", "model"], sort=False):
+        metric = s.metric.iloc[0]
+        settings = list(dict.fromkeys((r.arch, r.method, r.k) for r in s.itertuples()))
+        settings.sort(key=lambda a: (a[0] != rev, a[1] != "backprop", a[1], a[2]))
+        budgets = []
+        for minibatches, b in s.groupby("minibatches"):
+            cells = {}
+            for r in b.to_dict("records"):
+                cells[(r["arch"], r["method"], r["k"])] = {
+                    **_cell(r),
+                    "gap": None if pd.isna(r["gap"]) else r["gap"],
+                    "gap_err": r["gap_err"],
+                }
+            budgets.append({"minibatches": int(minibatches), "cells": [cells.get(a) for a in settings]})
+        context["series"].append(
+            {
+                "dataset": dataset,
+                "dataset_label": DATASET_LABELS.get(dataset, dataset),
+                "model": model_label(rev),
+                "metric": METRICS[metric],
+                "digits": 3 if metric == "test_loss" else 2,
+                "settings": [_setting(*a) for a in settings],
+                "budgets": budgets,
+            }
+        )
+    context["goals"] = goals(frame)
+    context["memory"] = memory_rows(results)
+    context["setting"] = describe_runs(results)
+    return context
+
+
+def transformers_figure(frames: dict, profile: str):
+    """Per (dataset, model): the final metric against the training budget (minibatches, log scale),
+    a line per method and the twin's backprop (mean ± sd over seeds), and the learning curves of
+    the largest budget."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from .plotting import empty_figure
+
+    summary, results, history = frames["summary"], frames["results"], frames["history"]
+    if not applies(summary):
+        return empty_figure(f"results of profile {profile} hold no reversible transformer (revgpt, revvit)")
+    frame = budget_frame(summary, results)
+    series = list(frame.groupby(["dataset", "model"], sort=False))
+    fig, axes = plt.subplots(len(series), 2, figsize=(11, 3.8 * len(series)), squeeze=False)
+    for row, ((dataset, rev), s) in zip(axes, series):
+        metric = s.metric.iloc[0]
+        s = s.assign(setting=[_setting(a, m, k) for a, m, k in zip(s.arch, s.method, s.k)])
+        keys = sorted(set(zip(s.arch, s.method, s.k)), key=lambda a: (a[0] != rev, a[1] != "backprop", a[1], a[2]))
+        order = [_setting(*a) for a in keys]
+        colors = dict(zip(order, sns.color_palette(n_colors=len(order))))
+        for setting in order:
+            g = s[s.setting == setting].sort_values("minibatches")
+            row[0].errorbar(
+                g.minibatches, g["mean"], yerr=g["std"].fillna(0), marker="o", capsize=3, label=setting,
+                color=colors[setting],
+            )  # fmt: skip
+        row[0].set_xscale("log", base=2)
+        row[0].set(
+            xlabel="training budget (minibatches)", ylabel=METRICS[metric], title=f"{model_label(rev)}: at the end"
+        )
+        row[0].legend(fontsize="x-small")
+        largest = s.epochs.max()
+        runs = results[
+            results.arch.isin([rev, TWINS[rev]]) & (results.dataset == dataset) & (results.epochs == largest)
+        ]
+        h = history[history.run_dir.isin(runs.run_dir)].dropna(subset=[metric]).copy()
+        steps = dict(zip(runs.run_dir, runs.optimizer_steps * runs.k / runs.epochs_done))
+        h["minibatches"] = h.epoch * [steps[d] for d in h.run_dir]
+        h["setting"] = [_setting(a, m, int(k)) for a, m, k in zip(h.arch, h.method, h.k)]
+        sns.lineplot(
+            data=h, x="minibatches", y=metric, hue="setting", hue_order=[o for o in order if o in set(h.setting)],
+            palette=colors, errorbar="sd", marker="o", markersize=3, ax=row[1],
+        )  # fmt: skip
+        row[1].set(xlabel="minibatches", ylabel=METRICS[metric], title=f"{model_label(rev)}: the largest budget")
+        row[1].legend(fontsize="x-small")
+    fig.suptitle(f"PETRA on reversible transformers (profile {profile}; mean ± sd over seeds)", y=1.01)
+    fig.tight_layout()
+    return fig
