@@ -244,6 +244,20 @@ def acco_part(frames: dict) -> dict | None:
     return context if context["applies"] else None
 
 
+def acco_lm_part(frames: dict) -> dict | None:
+    from .acco import acco_context
+
+    context = acco_context(frames, "acco-lm")
+    return context if context["applies"] else None
+
+
+def transformers_part(frames: dict) -> dict | None:
+    from .transformers import transformers_context
+
+    context = transformers_context(frames, "transformers")
+    return context if context["applies"] else None
+
+
 def _context(results_root: str | Path, studies_dir: str | Path) -> dict:
     """What README's results block and docs/reproducing.md's blocks are rendered from."""
     from . import gpu
