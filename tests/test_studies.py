@@ -178,8 +178,8 @@ def test_petra_studies_lists_the_registry(registry, capsys):
     assert main(["studies", "--studies", str(registry)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == [
-        "acco",
         "acco-lm",
+        "acco",
         "budget",
         "cdp",
         "cpu",
