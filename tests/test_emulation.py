@@ -88,7 +88,9 @@ def test_an_emulated_pipeline_runs_at_its_slowest_stage_and_a_slow_link_sets_the
     slow = EmulatedPoint(method="petra", stages=3, minibatches=14, phase_seconds=phases, link=(0.0, size / 0.12))
     linked = measure_point(slow, timeout=300)
     assert plain["losses"] == padded["losses"] == linked["losses"] and len(plain["losses"]) == 14
-    assert padded["padded_over"] == 0
+    # a phase's real compute (well under its 10 or 30 ms) overruns its target only when the machine is
+    # busy enough to hold a rank off its core: a few of the 3 x 14 x 2 phases at most
+    assert padded["padded_over"] <= 3
     assert padded["phase_seconds"]["backward"][1] == pytest.approx(0.03, rel=0.3)
     assert padded["seconds_per_minibatch"] == pytest.approx(0.04, rel=0.35)
     assert linked["seconds_per_minibatch"] == pytest.approx(0.12, rel=0.35)
