@@ -1340,3 +1340,24 @@ def test_acco_on_a_language_model_is_judged_on_validation_loss_and_clocked_on_a_
     assert "validation loss (nats per character)" in render("acco_lm", "tex", context)
     fig = acco_figure(acco_lm_runs, "fakeaccolm", links=links)
     assert len(fig.axes) == 4 and fig.axes[2].get_xlabel() == "modelled wall-clock on a slow link (h)"
+
+
+def test_petras_gap_is_split_into_the_delays_share_and_its_own():
+    from petra_core.report.transformers import where_the_gap_is
+
+    rows = [
+        ("revgpt", "petra", 1, 100, 0.9),
+        ("revgpt", "petra", 1, 200, 0.8),
+        ("revgpt", "delayed", 1, 100, 0.5),
+        ("revgpt", "delayed", 1, 200, 0.3),
+        ("revgpt", "petra", 4, 200, 0.5),
+        ("gpt", "backprop", 1, 200, -0.03),
+    ]
+    frame = pd.DataFrame(
+        [{"model": "revgpt", "arch": a, "method": m, "k": k, "minibatches": b, "gap": g} for a, m, k, b, g in rows]
+    )
+    (split,) = where_the_gap_is(frame)
+    assert split["minibatches"] == 200  # the largest budget both ran
+    assert (split["petra"], split["delay"]) == (0.8, 0.3) and split["rest"] == pytest.approx(0.5)
+    assert split["larger_k"] == [{"k": 4, "gap": 0.5}]
+    assert where_the_gap_is(frame[frame.method != "delayed"]) == []

@@ -132,6 +132,33 @@ def goals(frame: pd.DataFrame) -> list[dict]:
     return out
 
 
+def where_the_gap_is(frame: pd.DataFrame) -> list[dict]:
+    """Per reversible model, at the largest budget where PETRA (k = 1) and delayed gradients with
+    weight stashing both ran: PETRA's gap to backprop split into the delay's share (the stashed run
+    has PETRA's delays with exact weights) and the rest (PETRA computes on current weights, its
+    input rebuilt with them); PETRA k > 1's gaps beside them. Only what the records hold."""
+    out = []
+    for rev, s in frame[frame.arch.isin(list(TWINS))].groupby("model", sort=False):
+        petra = s[(s.method == "petra") & (s.k == 1)].set_index("minibatches")
+        delayed = s[(s.method == "delayed") & (s.k == 1)].set_index("minibatches")
+        both = sorted(set(petra.index) & set(delayed.index))
+        if not both:
+            continue
+        at = both[-1]
+        others = s[(s.method == "petra") & (s.k > 1) & (s.minibatches == at)]
+        out.append(
+            {
+                "model": model_label(rev),
+                "minibatches": int(at),
+                "petra": petra.loc[at, "gap"],
+                "delay": delayed.loc[at, "gap"],
+                "rest": petra.loc[at, "gap"] - delayed.loc[at, "gap"],
+                "larger_k": [{"k": int(r.k), "gap": r.gap} for r in others.itertuples()],
+            }
+        )
+    return out
+
+
 def memory_rows(results: pd.DataFrame) -> list[dict]:
     """Per (model, method): the bytes kept between forward and backward, over all stages and at the
     largest stage (measured by the run; the same for every seed and budget)."""
@@ -183,6 +210,7 @@ def transformers_context(frames: dict, profile: str) -> dict:
             }
         )
     context["goals"] = goals(frame)
+    context["gap_split"] = where_the_gap_is(frame)
     context["memory"] = memory_rows(results)
     context["setting"] = describe_runs(results)
     return context
