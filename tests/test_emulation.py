@@ -9,7 +9,7 @@ import torch
 from conftest import make_batches, make_model
 
 from petra_core import Simulator
-from petra_core.engine.emulation import Link, LinkDelay, PhasePadding, check_phase_seconds
+from petra_core.engine.emulation import Link, LinkDelay, PhasePadding, RingDelay, check_phase_seconds
 from petra_core.plan.measure import EmulatedPoint, chain_model, measure_point, steady_margin
 
 
@@ -19,6 +19,37 @@ def test_messages_serialise_on_a_link_and_arrive_latency_after_their_transfer():
     assert delay.due(5.0, 100) == pytest.approx(5.21)  # sent at the same time: waits for the first
     assert delay.due(9.0, 50) == pytest.approx(9.06)  # the link was idle again
     assert Link(0.002, 1e9).seconds(10**6) == pytest.approx(0.003)
+
+
+def test_a_replica_ring_costs_the_planners_ring_and_its_collectives_serialise():
+    from petra_core.plan.cluster import Link as PlanLink
+    from petra_core.plan.simulate import ring_allreduce_s
+
+    ring = RingDelay(Link(latency=0.01, bandwidth=1000.0), size=4)  # 4 copies: 3 hops each way
+    assert ring.seconds("all_reduce", 400) == pytest.approx(6 * (0.01 + 0.1))
+    assert ring.seconds("reduce_scatter", 400) == ring.seconds("all_gather", 400) == pytest.approx(3 * 0.11)
+    planned = PlanLink("emulated", 0.01, 1000.0)
+    assert ring.seconds("all_reduce", 400) == pytest.approx(ring_allreduce_s(400, 4, planned))
+    assert ring.due(5.0, "all_reduce", 400) == pytest.approx(5.66)
+    assert ring.due(5.0, "all_gather", 400) == pytest.approx(5.99)  # posted at once: after the first
+
+
+def test_an_emulated_replica_group_completes_no_sooner_than_its_ring(monkeypatch):
+    import torch.distributed as dist
+
+    from petra_core.engine.distributed.replica_group import DistributedReplicaGroup
+
+    class Done:
+        def wait(self):
+            pass
+
+    monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: Done())
+    group = DistributedReplicaGroup(None, 2, lambda what, fn: fn(), link=Link(latency=0.05, bandwidth=1e9))
+    t = torch.full((4,), 2.0)
+    start = time.monotonic()
+    group.all_reduce_mean([t])()
+    assert time.monotonic() - start >= 0.1  # 2 hops of 50 ms latency
+    assert torch.equal(t, torch.ones(4))  # the mean of what the (stand-in) all-reduce summed
 
 
 @pytest.mark.parametrize(

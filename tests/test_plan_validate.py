@@ -187,7 +187,8 @@ def test_the_validate_command_writes_its_record(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(petra_core.plan, "measure", fake, raising=False)  # if the real one was imported before
     out = tmp_path / "validate.json"
     phases = "forward=4,rebuild=4,backward=8,step=1"
-    argv = ["plan", "validate", "--methods", "petra,gpipe", "--stages", "3", "--bandwidths", "1e7", "--real-ranks", "",
+    argv = ["plan", "validate", "--methods", "petra,gpipe", "--stages", "3", "--bandwidths", "1e7", "--replicas", "1",
+            "--real-ranks", "",
             "--minibatches", "12", "--phase-ms", phases, "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     printed = capsys.readouterr().out

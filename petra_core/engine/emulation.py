@@ -12,6 +12,11 @@ gives it that timing without changing a bit of what it computes:
   transfers serialise on the edge (first in, first out), each takes bytes / bandwidth, and arrives
   ``latency`` seconds after its transfer ends. The receiving rank's background receiver applies
   it (``DistributedTransport(link=...)``), so it overlaps computation as a real transfer does.
+* :class:`RingDelay` holds each collective of the replica axis (``DistributedReplicaGroup(link=...)``)
+  until a ring over that link would have finished it: R − 1 hops of bytes / R each for a
+  reduce-scatter or an all-gather, twice that for an all-reduce, each hop paying the latency;
+  collectives of one group serialise. The wait happens where the runtime completes the collective
+  (right before the weights are needed), so the ring overlaps what runs meanwhile.
 
 The planner (``petra_core/plan``) predicts these runs from the same targets and link, and checks
 itself against them (``petra plan validate``).
@@ -65,6 +70,34 @@ class LinkDelay:
     def hold(self, arrival: float, nbytes: int) -> None:
         """Sleep (in the receiving thread) until the message is due."""
         wait = self.due(arrival, nbytes) - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+
+
+class RingDelay:
+    """One replica group's emulated ring: when each collective, posted at ``posted``, completes."""
+
+    HOPS = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}  # × (R − 1) hops
+
+    def __init__(self, link: Link, size: int):
+        self.link, self.size = link, size
+        self.free_at = -math.inf  # when the ring finishes its current collective
+        self.lock = threading.Lock()
+
+    def seconds(self, kind: str, nbytes: int) -> float:
+        """A collective alone on the ring: HOPS × (R − 1) × (latency + bytes / R / bandwidth), where
+        ``nbytes`` is one copy's whole tensor (what ``petra_core.plan`` charges the same ring)."""
+        hops = self.HOPS[kind] * (self.size - 1)
+        return hops * (self.link.latency + nbytes / self.size / self.link.bandwidth)
+
+    def due(self, posted: float, kind: str, nbytes: int) -> float:
+        with self.lock:
+            self.free_at = max(posted, self.free_at) + self.seconds(kind, nbytes)
+            return self.free_at
+
+    def hold(self, due: float) -> None:
+        """Sleep (in the waiting thread) until the collective is due."""
+        wait = due - time.monotonic()
         if wait > 0:
             time.sleep(wait)
 

@@ -286,7 +286,7 @@ def register(sub) -> None:
     p.add_argument("--stages", default="2,4,6,10", help="J values (default %(default)s)")
     p.add_argument("--bandwidths", default="1e7,1e8", help="emulated link bandwidths, bytes/s (default %(default)s)")
     p.add_argument("--latency", type=float, default=5e-4, help="emulated link latency, s (default %(default)s)")
-    p.add_argument("--replicas", default="1", help="replica counts (default %(default)s; e.g. 1,2)")
+    p.add_argument("--replicas", default="1,2", help="replica counts (default %(default)s)")
     p.add_argument("--real-ranks", default="2,3", help="real gloo runs' rank counts ('' for none; default %(default)s)")
     p.add_argument("--minibatches", type=int, default=40, help="minibatches per point (default %(default)s)")
     p.add_argument("--phase-ms", default="", help="emulated phase times, e.g. forward=20,backward=40 (ms)")

@@ -61,7 +61,7 @@ class DistributedWorld:
             device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else "cpu"
         device = torch.device(device)
         self.timeout = timeout
-        self.link = link  # every edge between ranks an emulated link (engine/emulation.py); None: as it is
+        self.link = link  # every edge and replica ring an emulated link (engine/emulation.py); None: as it is
         rank, world_size = dist.get_rank(), dist.get_world_size()
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1 or world_size % replicas:
             raise ValueError(
@@ -78,7 +78,7 @@ class DistributedWorld:
         self.issue = threading.Lock() if self.backend == "nccl" else contextlib.nullcontext()
         self.groups = OneGroup(
             DistributedReplicaGroup(
-                self.device_mesh.get_group("replica"), replicas, self.ranks.collective, issue=self.issue
+                self.device_mesh.get_group("replica"), replicas, self.ranks.collective, issue=self.issue, link=link
             )
         )
         self.edges: dict | None = None  # the transport's process groups (connect)
