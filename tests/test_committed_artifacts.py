@@ -17,7 +17,9 @@ Excluded, because they are the wall clock of the machine that measured:
 * ``costs.json``: ``machine`` and ``table1_seconds``.
 
 The fidelity sample's cosines and norms come out of 80 training steps, whose float rounding
-differs between CPUs: they are compared to a relative 1e-3 (its rows, stages and steps exactly).
+differs between CPUs and grows with the steps (a CI machine moved the delayed method's late
+cosines and norms by up to 0.4 %): they are compared to a relative 1e-2 (its rows, stages and
+steps exactly).
 The training records' memory (``runs/**/metrics.json``, gathered into ``results/*/memory.csv``) was
 measured by a past run at its own revision (its env.json names it), so it is not measured again here.
 """
@@ -49,7 +51,7 @@ TIMED_COLUMNS = {
 }
 TIMED_JSON_KEYS = {"costs.json": ("machine", "table1_seconds")}
 FIDELITY_VALUES = ("cosine", "rel_error", "grad_norm", "true_norm")  # compared to FIDELITY_RTOL
-FIDELITY_RTOL = 1e-3
+FIDELITY_RTOL = 1e-2
 
 
 def untimed(name: str, frame: pd.DataFrame) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from conftest import make_batches, make_model
 
 from petra_core import Simulator
 from petra_core.engine.emulation import Link, LinkDelay, PhasePadding, RingDelay, check_phase_seconds
-from petra_core.plan.measure import EmulatedPoint, chain_model, measure_point, steady_margin
+from petra_core.plan.measure import EmulatedPoint, chain_model, measure_point, message_delays, steady_margin
 
 
 def test_messages_serialise_on_a_link_and_arrive_latency_after_their_transfer():
@@ -108,6 +108,22 @@ def test_the_chain_has_one_stage_per_rank_and_the_window_leaves_out_the_fill():
     assert steady_margin(EmulatedPoint(method="gpipe", stages=3, k=2, minibatches=20)) == 4  # whole groups of 2
 
 
+def test_message_delays_time_the_live_link_on_the_critical_path():
+    """Replica 0's clocks only; the latency over the messages the main thread waited for (asked
+    before arrival), send to held; delivery over every message."""
+    fwd, bwd = (0, 0, 1), (1, 1, 0)  # (direction, src, dst)
+    clock = [
+        ["sent", *fwd, 0, 1.000], ["arrived", *fwd, 0, 1.004], ["asked", *fwd, 0, 1.001], ["taken", *fwd, 0, 1.005],
+        ["sent", *bwd, 0, 2.000], ["arrived", *bwd, 0, 2.002], ["asked", *bwd, 0, 2.010], ["taken", *bwd, 0, 2.010],
+    ]  # fmt: skip
+    other = [["sent", *fwd, 0, 0.0], ["arrived", *fwd, 0, 9.0]]  # replica 1's, the same keys: left out
+    ranks = [{"replica": 0, "clock": clock}, {"replica": 1, "clock": other}]
+    delays = message_delays(ranks)
+    assert delays["messages"] == 2 and delays["waited"] == 1
+    assert delays["delivery_s"] == pytest.approx(0.003)  # the median of 4 and 2 ms
+    assert delays["latency_s"] == pytest.approx(0.005) and delays["handoff_s"] == pytest.approx(0.001)
+
+
 @pytest.mark.slow
 def test_an_emulated_pipeline_runs_at_its_slowest_stage_and_a_slow_link_sets_the_pace():
     """Three ranks, PETRA: 40 ms of compute per stage and minibatch; then a link that needs 120 ms
@@ -125,3 +141,7 @@ def test_an_emulated_pipeline_runs_at_its_slowest_stage_and_a_slow_link_sets_the
     assert padded["phase_seconds"]["backward"][1] == pytest.approx(0.03, rel=0.3)
     assert padded["seconds_per_minibatch"] == pytest.approx(0.04, rel=0.35)
     assert linked["seconds_per_minibatch"] == pytest.approx(0.12, rel=0.35)
+    # the engine's own time per tick, outside the padded phases and the waits: far below a phase
+    assert all(0 <= h < 0.01 for h in padded["host_seconds"]) and padded["message_delays"]["messages"] == 4 * 14
+    # a waited-for message paid the emulated link's hold (up to 120 ms; the forward messages are smaller)
+    assert linked["message_delays"]["latency_s"] > 10 * padded["message_delays"]["latency_s"]

@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -114,6 +115,21 @@ def test_pipelined_steady_state_is_the_slowest_stage(method):
 
 def test_sequential_backprop_is_the_sum_over_devices():
     assert predict(profile(5), "backprop").seconds_per_minibatch == pytest.approx(5 * 3.0)
+
+
+def test_host_time_is_charged_once_per_tick_a_stage_acts_in():
+    """The engine's host seconds per tick (``host_s``): sequential backprop over J = 2 acts in 3 ticks a
+    minibatch (stage 0's forward, stage 1's forward and backward, stage 0's backward), all on the
+    critical path; a pipelined method's stages act every tick, so the slowest stage pays it once."""
+    host = 0.25
+    with_host = lambda p: DeviceProfile(**{**p._fields(), "stages": tuple(replace(s, host_s=host) for s in p.stages)})  # noqa: E731
+    plain, busy = profile(2), with_host(profile(2))
+    gap = predict(busy, "backprop").seconds_per_minibatch - predict(plain, "backprop").seconds_per_minibatch
+    assert gap == pytest.approx(3 * host)
+    stages = tuple(StageProfile(f, 0.0, 2 * f, 0.1, host_s=host) for f in (1.0, 3.0, 2.0, 1.5))
+    assert predict(DeviceProfile("revnet18", "petra", 8, stages), "petra").seconds_per_minibatch == pytest.approx(
+        3.0 + 6.0 + 0.1 + host
+    )
 
 
 @pytest.mark.parametrize("J, k", [(2, 1), (4, 4), (6, 8), (10, 3)])

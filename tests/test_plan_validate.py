@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import pytest
 
 from petra_core.methods import get_method
-from petra_core.plan.validate import Point, grid, phase_seconds, summarise, validate
+from petra_core.plan.cluster import Link
+from petra_core.plan.validate import Point, grid, live_link, phase_seconds, summarise, validate
 
 EDGE_BYTES = 50_000  # each message, both directions
 
@@ -196,3 +197,17 @@ def test_the_validate_command_writes_its_record(monkeypatch, tmp_path, capsys):
     record = json.loads(out.read_text())
     assert [r["method"] for r in record["rows"]] == ["petra", "gpipe"]
     assert record["settings"]["phase_ms"]["forward"] == 4.0 and record["provenance"]["revision"]
+
+
+def test_a_real_point_is_predicted_over_the_link_its_messages_paid():
+    """The latency a waited-for message paid, less its time on the wire at the card's bandwidth; the
+    card's own where no message was waited for, and never below the card's."""
+    card = Link("loopback", 1e-4, 1e9)
+    result = {
+        "message_delays": {"latency_s": 6e-4, "waited": 10},
+        "message_bytes": {"forward": [1e5, 0], "backward": [0, 3e5]},
+    }
+    link = live_link(card, result)
+    assert link.latency_s == pytest.approx(6e-4 - 2e5 / 1e9) and link.bandwidth == card.bandwidth
+    assert live_link(card, {"message_delays": {"latency_s": 6e-4, "waited": 0}}) is card
+    assert live_link(card, {"message_delays": {"latency_s": 1e-6, "waited": 3}}).latency_s == card.latency_s

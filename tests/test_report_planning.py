@@ -9,14 +9,20 @@ from petra_core.report import readme
 ROOT = Path(__file__).resolve().parents[1]
 
 ROW = dict(method="petra", stages=4, replicas=1, k=1, emulated=True, link=[5e-4, 1e7], predicted_s=0.1063,
-           measured_s=0.108, error=0.1063 / 0.108 - 1, padded_over=1)  # fmt: skip
+           measured_s=0.108, error=0.1063 / 0.108 - 1, device_only_error=-0.05, padded_over=1)  # fmt: skip
 RECORD = dict(
     rows=[ROW, {**ROW, "method": "backprop", "stages": 3, "emulated": False, "link": None, "padded_over": None}],
     summary=dict(
-        emulated=dict(points=1, mean_abs_error=0.0157, max_abs_error=0.0157),
+        emulated=dict(
+            points=1,
+            mean_abs_error=0.0157,
+            max_abs_error=0.0157,
+            device_only_mean_abs_error=0.05,
+            device_only_max_abs_error=0.05,
+        ),
         real=dict(points=1, mean_abs_error=0.0157, max_abs_error=0.0157),
     ),  # fmt: skip
-    settings=dict(minibatches=40),
+    settings=dict(minibatches=40, width=4, batch=8, real=dict(width=32, batch=64, minibatches=200)),
     provenance=dict(revision="abc1234", date="2026-12-05T09:00:00Z", load_average=[3.25, 3.0, 2.5], cpus=2),
 )
 
@@ -27,7 +33,8 @@ def test_the_block_renders_every_point_and_the_summary(tmp_path):
     [(begin, end, block)] = readme.render_planning_blocks(tmp_path)
     assert block.startswith(begin) and block.endswith(end)
     assert "**1 emulated points**, mean |error| 1.6 %" in block and "**1 real gloo runs**" in block
-    assert "| petra | 4 | 1 | 1 | 10 MB/s | 106.3 | 108.0 | -1.6 % |" in block
+    assert "| petra | 4 | 1 | 1 | 10 MB/s | 106.3 | 108.0 | -1.6 % | -5.0 % |" in block
+    assert "200 a real one (width 32, batch 64)" in block and "emulated mean\n5.0 %" in block
     assert "| backprop | 3 | 1 | 1 | real (gloo) |" in block and "overran their emulated target: 1" in block
     assert "`abc1234`" in block and "load average\n3.2" in block or "load average 3.2" in block.replace("\n", " ")
 

@@ -166,8 +166,9 @@ def cmd_validate(args) -> int:
         replicas=[int(x) for x in _floats(args.replicas, "--replicas")],
         real_ranks=[int(x) for x in _floats(args.real_ranks, "--real-ranks")] if args.real_ranks else [],
     )  # fmt: skip
+    real = dict(width=args.real_width, batch=args.real_batch, minibatches=args.real_minibatches)
     record = validate(points, arch=args.model, width=args.width, batch=args.batch or 8,
-                      minibatches=args.minibatches, phase_ms=_phase_ms(args.phase_ms))  # fmt: skip
+                      minibatches=args.minibatches, phase_ms=_phase_ms(args.phase_ms), real=real)  # fmt: skip
     if args.out:
         _write_json(args.out, record)
         print(args.out)
@@ -280,8 +281,8 @@ def register(sub) -> None:
         "same phase times and link, print predicted vs measured and the mean and max error.",
     )
     p.add_argument("--model", default="revnet18", help="architecture of the runs (default %(default)s)")
-    p.add_argument("--width", type=int, default=4, help="base width (default %(default)s)")
-    p.add_argument("--batch", type=int, default=8, help="minibatch (default %(default)s)")
+    p.add_argument("--width", type=int, default=4, help="emulated runs' chain width (default %(default)s)")
+    p.add_argument("--batch", type=int, default=8, help="emulated runs' minibatch (default %(default)s)")
     p.add_argument("--methods", default="backprop,delayed,dsp,petra,gpipe,1f1b", help="methods (comma-separated)")
     p.add_argument("--stages", default="2,4,6,10", help="J values (default %(default)s)")
     p.add_argument("--bandwidths", default="1e7,1e8", help="emulated link bandwidths, bytes/s (default %(default)s)")
@@ -289,6 +290,9 @@ def register(sub) -> None:
     p.add_argument("--replicas", default="1,2", help="replica counts (default %(default)s)")
     p.add_argument("--real-ranks", default="2,3", help="real gloo runs' rank counts ('' for none; default %(default)s)")
     p.add_argument("--minibatches", type=int, default=40, help="minibatches per point (default %(default)s)")
+    p.add_argument("--real-width", type=int, default=32, help="real runs' chain width (default %(default)s)")
+    p.add_argument("--real-batch", type=int, default=64, help="real runs' minibatch (default %(default)s)")
+    p.add_argument("--real-minibatches", type=int, default=200, help="real runs' minibatches (default %(default)s)")
     p.add_argument("--phase-ms", default="", help="emulated phase times, e.g. forward=20,backward=40 (ms)")
     p.add_argument("--out", help="the JSON record to write (atomically)")
     p.set_defaults(func=cmd_validate)

@@ -86,7 +86,9 @@ def measure_point(point: EmulatedPoint, *, timeout: float = 600.0) -> dict:
     """Run ``point`` on J × R local ranks and return what it measured:
 
     ``seconds_per_minibatch`` (steady state, per replica's minibatch), ``phase_seconds`` (measured
-    mean per phase and stage, padding included), ``message_bytes`` (``{"forward": [...],
+    mean per phase and stage, padding included), ``host_seconds`` (per stage, the engine's own
+    seconds per tick it acts in: the rank's tick time outside its phases, less the time it was
+    blocked on a message or a replica collective, ``blocked_seconds`` per rank), ``message_bytes`` (``{"forward": [...],
     "backward": [...]}``: what each stage sent to the next and to the previous one, per
     minibatch), ``peak_bytes`` (None: no allocator peak per rank on CPU), ``kept_bytes`` (the most
     activation bytes each rank kept between a forward and its backward), ``ranks``, ``padded_over`` (phases
@@ -110,6 +112,8 @@ def measure_point(point: EmulatedPoint, *, timeout: float = 600.0) -> dict:
 
 # ---- the rank program ---------------------------------------------------------------------------
 def _rank(point: EmulatedPoint, out: str) -> None:
+    import resource
+
     import torch
 
     from ..engine import Pipeline, PipelineSpec
@@ -143,9 +147,12 @@ def _rank(point: EmulatedPoint, out: str) -> None:
             observers=(padding,),
         )
     )
+    pipe.world.transport.stats.clock = {}  # when each message was sent, arrived, asked for, taken
+    cpu0 = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
     while not pipe.done:
         pipe.advance()
     stats = pipe.world.transport.stats
+    replica_wait = getattr(pipe.world.groups.replica_group(pipe.stages[0]), "wait_s", 0.0)
     mine = {
         "rank": pipe.rank,
         "stages": list(pipe.stages),
@@ -156,6 +163,11 @@ def _rank(point: EmulatedPoint, out: str) -> None:
         "bytes_sent_backward": stats.bytes_sent_backward,
         "peak_kept": sum(sum(w.peak_kept.values()) for w in pipe.workers),
         "tick_ends": list(pipe.tick_ends),
+        # the main thread's seconds outside the phases and not blocked on a message or a collective
+        "host_s": pipe.wall_s - sum(padding.total.values()) - stats.recv_wait_s - stats.send_wait_s - replica_wait,
+        "clock": [[*key, t] for key, t in stats.clock.items()],
+        "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu0,
+        "blocked_s": {"recv": stats.recv_wait_s, "send": stats.send_wait_s, "replicas": replica_wait},
         "losses": [(r.mb, r.loss) for r in pipe.head_log],
     }
     everyone = pipe.gather_object(mine)
@@ -165,6 +177,32 @@ def _rank(point: EmulatedPoint, out: str) -> None:
         from ..run.runio import write_json
 
         write_json(out, summarise(point, schedule, everyone))
+
+
+def message_delays(ranks: list[dict]) -> dict:
+    """The live link as the engine sees it, from replica 0's message clocks (one host: one monotonic
+    clock): ``delivery_s``, the median from a message's send to all of it received (the receiver
+    thread's); over the messages the main thread waited for (``waited``: how many), ``handoff_s``,
+    the median from that to the main thread holding it, and ``latency_s``, from send to held: the
+    one-way latency a message on the critical path pays; ``messages``, how many were timed."""
+    import statistics
+
+    clock = {tuple(key): t for r in ranks if r["replica"] == 0 for *key, t in r["clock"]}
+    delivery, handoff, latency = [], [], []
+    for (event, *message), sent in clock.items():
+        arrived = clock.get(("arrived", *message))
+        if event != "sent" or arrived is None:
+            continue
+        delivery.append(arrived - sent)
+        asked, taken = clock.get(("asked", *message)), clock.get(("taken", *message))
+        if asked is not None and taken is not None and asked < arrived:
+            handoff.append(taken - arrived)
+            latency.append(taken - sent)
+    median = lambda xs: statistics.median(xs) if xs else 0.0  # noqa: E731
+    return {
+        "delivery_s": median(delivery), "handoff_s": median(handoff), "latency_s": median(latency),
+        "messages": len(delivery), "waited": len(latency),
+    }  # fmt: skip
 
 
 def summarise(point: EmulatedPoint, schedule, ranks: list[dict]) -> dict:
@@ -179,6 +217,10 @@ def summarise(point: EmulatedPoint, schedule, ranks: list[dict]) -> dict:
             row = phases.setdefault(phase, [None] * point.stages)
             for stage, value in per_stage.items():
                 row[int(stage)] = value
+    acting = [sum(j in schedule.busy(t) for t in range(schedule.num_ticks)) for j in range(point.stages)]
+    host = [0.0] * point.stages  # per tick the stage acts in, the mean over its replicas
+    for r in ranks:
+        host[r["stages"][0]] += r["host_s"] / acting[r["stages"][0]] / point.replicas
     message_bytes = {"forward": [0.0] * point.stages, "backward": [0.0] * point.stages}  # per sending stage
     for r in (r for r in ranks if r["replica"] == 0):
         j = r["stages"][0]
@@ -189,7 +231,11 @@ def summarise(point: EmulatedPoint, schedule, ranks: list[dict]) -> dict:
         "seconds_per_minibatch": seconds,
         "window": {"minibatches": n - 2 * w, "from_tick": first, "to_tick": last},
         "phase_seconds": phases,
+        "host_seconds": host,
+        "blocked_seconds": [r["blocked_s"] for r in sorted(ranks, key=lambda r: r["rank"])],
+        "cpu_seconds": [r["cpu_s"] for r in sorted(ranks, key=lambda r: r["rank"])],
         "message_bytes": message_bytes,
+        "message_delays": message_delays(ranks),
         "peak_bytes": None,  # no allocator peak per rank on CPU (RSS holds torch itself): not compared
         "kept_bytes": [r["peak_kept"] for r in sorted(ranks, key=lambda r: r["rank"])],
         "ranks": len(ranks),

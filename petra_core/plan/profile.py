@@ -28,7 +28,11 @@ FORMAT = 1
 
 @dataclass(frozen=True)
 class StageProfile:
-    """One stage: seconds per minibatch of each phase (``step_s``: one optimizer step) and bytes."""
+    """One stage: seconds per minibatch of each phase (``step_s``: one optimizer step) and bytes.
+
+    ``host_s`` is the engine's own work per tick outside the phases (dispatch, packing and posting
+    messages, the tick's bookkeeping): on a fast device or with tiny stages it sets the pace, so
+    a profile that measured it lets the planner charge it; a device profile leaves it 0."""
 
     forward_s: float
     rebuild_s: float
@@ -43,6 +47,7 @@ class StageProfile:
     work_bytes: int = 0  # held only while the stage computes (its input, output, a graph it builds)
     shared_bytes: int = 0  # counted twice above at steady state (one tensor both buffered and in flight)
     joint_bytes: int = 0  # of kept_bytes, what the previous stage's kept graph also holds when on one device
+    host_s: float = 0.0  # host seconds per tick the stage acts in, outside its phases (0: the device sets the pace)
 
     def phase(self, name: str) -> float:
         return getattr(self, f"{name}_s")

@@ -150,6 +150,7 @@ def replay(
     bwd = [s.rebuild_s + s.backward_s for s in profile.stages]
     step = [s.step_s + ring_allreduce_s(s.grad_bytes, R, rings[pos[j]]) for j, s in enumerate(profile.stages)]
     reduce_bytes = [ring_allreduce_bytes(s.grad_bytes, R) for s in profile.stages]
+    host = [s.host_s for s in profile.stages]  # per tick a stage acts in, before its first phase
     up = [s.forward_message_bytes for s in profile.stages]
     down = [s.backward_message_bytes for s in profile.stages]
     free = [0.0] * P
@@ -175,17 +176,21 @@ def replay(
     for flushed, actions in compiled_table(method, J, minibatches, k):
         for j, f, b, stepping in actions:
             d = pos[j]
+            overhead = host[j]
             if f is not None:
-                free[d] = max(free[d], arrival.pop(("f", f, j), 0.0)) + fwd[j]
+                free[d] = max(free[d], arrival.pop(("f", f, j), 0.0)) + overhead + fwd[j]
+                overhead = 0.0
                 busy[d] += fwd[j]
                 if j < J - 1:
                     sent += send(d, pos[j + 1], free[d], up[j], ("f", f, j + 1))
             if b is not None:
                 ready = arrival.pop(("b", b, j), 0.0) if crosses and j < J - 1 else 0.0
-                free[d] = max(free[d], ready) + bwd[j]
+                free[d] = max(free[d], ready) + overhead + bwd[j]
+                overhead = 0.0
                 busy[d] += bwd[j]
                 if j > 0 and crosses:
                     sent += send(d, pos[j - 1], free[d], down[j], ("b", b, j - 1))
+            free[d] += overhead  # a tick with only a step
             if stepping:
                 waiting[d] += step[j]
                 busy[d] += profile.stages[j].step_s

@@ -10,7 +10,10 @@ record atomically.
 
 What comes from where, per point: phase times: the emulation's configuration (emulated points) or
 the run's own measured mean per phase (real points, a calibration: what is checked there is the
-schedule, overlap and link model, as Calculon validates with measured op times); message bytes:
+schedule, overlap and link model, as Calculon validates with measured op times); the engine's host
+time per tick (``StageProfile.host_s``): the run's own, every point (its main thread's time outside
+the phases and not blocked on a message or a collective: what no emulation pads, and what sets the
+pace of tiny real stages), with each point's error without it beside (``device_only_error``); message bytes:
 the model's accounting on the meta device where a model of J stages exists, else the bytes the run
 sent (bytes are sizes, not times); link: the emulation's (emulated) or the cpu-box card's measured
 loopback (real).
@@ -36,6 +39,9 @@ LATENCY = 5e-4
 FLUSHED_K = 4  # microbatches per flush of GPipe and 1F1B
 PHASE_MS = {"forward": 20.0, "rebuild": 20.0, "backward": 40.0, "step": 5.0}
 SHAPE = (1.0, 1.25, 0.75)  # stage j's phases × SHAPE[j % 3]: unbalanced stages, the head lighter
+# the real points' chain: stages that compute for milliseconds (as a real run's do), not the tiny
+# emulated chain whose phases are padded anyway, with enough minibatches for a steady window
+REAL = {"width": 32, "batch": 64, "minibatches": 200}
 
 
 @dataclass(frozen=True)
@@ -153,14 +159,16 @@ def phase_lists(phases, stages: int) -> dict[str, list[float]]:
 
 
 def profile_for(
-    point: Point, phases: dict[str, list[float]], sizes, batch: int, arch: str, width: int
+    point: Point, phases: dict[str, list[float]], sizes, batch: int, arch: str, width: int, host=None
 ) -> DeviceProfile:
-    """A profile of the point's J stages: ``phases`` (seconds per stage) and ``sizes`` (bytes: rows of
-    :func:`~petra_core.plan.memory.stage_bytes`, or (forward, backward) message bytes per stage)."""
+    """A profile of the point's J stages: ``phases`` (seconds per stage), ``sizes`` (bytes: rows of
+    :func:`~petra_core.plan.memory.stage_bytes`, or (forward, backward) message bytes per stage) and
+    ``host`` (the engine's seconds per tick a stage acts in; None: 0)."""
     phases = phase_lists(phases, point.stages)
+    host = list(host) if host else [0.0] * point.stages
     stages = []
     for j in range(point.stages):
-        times = {f"{p}_s": phases[p][j] for p in PHASES}
+        times = {f"{p}_s": phases[p][j] for p in PHASES} | {"host_s": float(host[j])}
         if sizes and isinstance(sizes[j], dict):
             stages.append(StageProfile(**times, **{key: sizes[j][key] for key in BYTE_FIELDS}))
         else:
@@ -168,6 +176,20 @@ def profile_for(
             stages.append(StageProfile(**times, forward_message_bytes=fwd, backward_message_bytes=bwd))
     return DeviceProfile(arch, point.method, batch, tuple(stages), width=width, k=point.k,
                          provenance=dict(source="validate"))  # fmt: skip
+
+
+def live_link(card: Link, result: dict) -> Link:
+    """``card``'s link with the latency the run's messages paid on its critical path (send to held
+    by the waiting main thread: header and payload, the receiver thread, the hand-over), less their
+    time on the wire at the card's bandwidth; the card's latency if the run timed none."""
+    delays = result.get("message_delays") or {}
+    if not delays.get("waited"):
+        return card
+    sent = result.get("message_bytes") or {}
+    sizes = [b for d in ("forward", "backward") for b in sent.get(d, []) if b]
+    wire = statistics.fmean(sizes) / card.effective if sizes else 0.0
+    latency = max(delays["latency_s"] - wire, card.latency_s)
+    return Link(f"{card.name}, as the run's messages paid it", latency, card.bandwidth, card.efficiency)
 
 
 def run_point(
@@ -200,16 +222,23 @@ def run_point(
         link = Link("emulated", point.link[0], point.link[1]) if point.link else None
     else:
         phases = result["phase_seconds"]
-        link = load_cluster("cpu-box").intra
-    profile = profile_for(point, phases, sizes, batch, arch, width)
+        link = live_link(load_cluster("cpu-box").intra, result)
+    host = result.get("host_seconds")
+    profile = profile_for(point, phases, sizes, batch, arch, width, host)
     pred = predict(profile, point.method, replicas=point.replicas, k=point.k, link=link)
+    device_only = predict(profile_for(point, phases, sizes, batch, arch, width), point.method,
+                          replicas=point.replicas, k=point.k, link=link).seconds_per_minibatch  # fmt: skip
     measured = float(result["seconds_per_minibatch"])
+
+    def error(predicted: float) -> float:
+        return predicted / measured - 1 if measured > 0 else math.nan
+
     row = dict(
         asdict(point), predicted_s=pred.seconds_per_minibatch, measured_s=measured,
-        error=pred.seconds_per_minibatch / measured - 1 if measured > 0 else math.nan,
-        bytes_from=bytes_from, configured_phase_seconds=phases if point.emulated else None,
+        error=error(pred.seconds_per_minibatch), device_only_s=device_only, device_only_error=error(device_only),
+        host_seconds=host, bytes_from=bytes_from, configured_phase_seconds=phases if point.emulated else None,
         measured_phase_seconds=result.get("phase_seconds"), padded_over=result.get("padded_over"),
-        ranks=result.get("ranks"), wall_s=wall,
+        ranks=result.get("ranks"), width=width, batch=batch, minibatches=minibatches, wall_s=wall,
     )  # fmt: skip
     peaks = result.get("peak_bytes")
     if isinstance(sizes[0], dict) and peaks and all(p is not None for p in peaks):
@@ -226,6 +255,12 @@ def summarise(rows: list[dict]) -> dict:
         errs = [abs(r["error"]) for r in rows if r["emulated"] is emulated and math.isfinite(r["error"])]
         if errs:
             out[name] = dict(points=len(errs), mean_abs_error=statistics.fmean(errs), max_abs_error=max(errs))
+        device = [abs(r["device_only_error"]) for r in rows if r["emulated"] is emulated and "device_only_error" in r]
+        device = [e for e in device if math.isfinite(e)]
+        if errs and device:  # the same points predicted without the engine's host time per tick
+            out[name] |= dict(
+                device_only_mean_abs_error=statistics.fmean(device), device_only_max_abs_error=max(device)
+            )
     peaks = [r["peak_error"] for r in rows if "peak_error" in r]
     if peaks:
         out["peak_memory"] = dict(points=len(peaks), max_abs_error=max(peaks))
@@ -250,12 +285,14 @@ def validate(
     batch: int = 8,
     minibatches: int = 40,
     phase_ms: dict[str, float] = PHASE_MS,
+    real: dict | None = None,
     say: Callable[[str], None] = print,
 ) -> dict:
     """Measure and predict every point; the record (rows, summary, provenance). ``measure`` and
     ``spec_type`` default to :mod:`petra_core.plan.measure`'s ``measure_point`` and ``EmulatedPoint``;
     the predictions then take the messages' sizes from the accounting of the chain those runs train
-    (``chain.py``), and from what another ``measure`` reports it sent otherwise."""
+    (``chain.py``), and from what another ``measure`` reports it sent otherwise. ``width``, ``batch``
+    and ``minibatches`` size the emulated points' chain; ``real`` (over :data:`REAL`) the real ones'."""
     sized = measure is None  # the real runs: their model is known, so are its bytes
     if measure is None or spec_type is None:
         from . import measure as measuring
@@ -264,26 +301,31 @@ def validate(
     for p in points:
         if p.stages < 2 and p.emulated:
             raise PlanError(f"validate point {p}: needs J >= 2 stages")
+    real = {**REAL, **(real or {})}
     rows = []
     for p in points:
-        row = run_point(
-            p, measure, spec_type, arch=arch, width=width, batch=batch, minibatches=minibatches, phase_ms=phase_ms,
-            sized=sized,
-        )  # fmt: skip
+        size = dict(width=width, batch=batch, minibatches=minibatches) if p.emulated else real
+        row = run_point(p, measure, spec_type, arch=arch, phase_ms=phase_ms, sized=sized, **size)
         rows.append(row)
         say(format_row(row))
     summary = summarise(rows)
     for name, s in summary.items():
         if "mean_abs_error" in s:
+            without = (
+                f" (device time alone: mean {100 * s['device_only_mean_abs_error']:.1f} %, "
+                f"max {100 * s['device_only_max_abs_error']:.1f} %)"
+                if "device_only_mean_abs_error" in s
+                else ""
+            )
             say(
                 f"{name}: {s['points']} points, mean |error| {100 * s['mean_abs_error']:.1f} %, "
-                f"max {100 * s['max_abs_error']:.1f} %"
+                f"max {100 * s['max_abs_error']:.1f} %{without}"
             )
     from .profiling import revision
 
     return dict(
         rows=rows, summary=summary,
-        settings=dict(arch=arch, width=width, batch=batch, minibatches=minibatches, phase_ms=dict(phase_ms)),
+        settings=dict(arch=arch, width=width, batch=batch, minibatches=minibatches, phase_ms=dict(phase_ms), real=real),
         provenance=dict(revision=revision(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         load_average=os.getloadavg(), cpus=os.cpu_count()),
     )  # fmt: skip

@@ -28,6 +28,7 @@ class DistributedReplicaGroup:
         self.issue = issue if issue is not None else contextlib.nullcontext()
         self.ring = RingDelay(link, size) if link is not None else None
         self.floats_sent = 0  # what this rank has put into the replica axis' collectives
+        self.wait_s = 0.0  # seconds this rank's main thread spent blocked on them
 
     def _post(self, what: str, op: Callable, kind: str, nbytes: int):
         """``op()`` (an async collective) posted under the issue lock; its work handle and when an
@@ -42,9 +43,11 @@ class DistributedReplicaGroup:
         return self.collective(what, posted), due
 
     def _wait(self, what: str, work, due: float | None) -> None:
+        t0 = time.perf_counter()
         self.collective(what, work.wait)
         if due is not None:
             self.ring.hold(due)
+        self.wait_s += time.perf_counter() - t0
 
     def all_reduce_mean(self, tensors: list) -> Callable[[], None]:
         (t,) = tensors

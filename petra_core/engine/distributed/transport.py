@@ -51,14 +51,24 @@ from .wire import (
 @dataclass
 class TransportStats:
     """Seconds the main thread spent blocked receiving (``recv_wait_s``) and sending (posting +
-    waiting for completion, ``send_s``); background receive time (overlapped with compute)."""
+    waiting for completion, ``send_s``; of it, waiting for earlier sends to complete,
+    ``send_wait_s``); background receive time (overlapped with compute)."""
 
     recv_wait_s: float = 0.0
     send_s: float = 0.0
+    send_wait_s: float = 0.0
     background_recv_s: float = 0.0
     bytes_sent: int = 0
     bytes_sent_backward: int = 0  # of bytes_sent, what went to the previous stage (gradients, rebuilt inputs)
     bytes_received: int = 0
+    # None, or {(event, direction, src, dst, mb): time.monotonic()} for event in sent (posted), arrived
+    # (all received, before an emulated link's hold), asked (the main thread asks for it), taken (and
+    # has it): what measures a live link's latency as the engine sees it (``plan/measure.py``)
+    clock: dict | None = None
+
+    def stamp(self, event: str, edge, mb: int) -> None:
+        if self.clock is not None:
+            self.clock[event, edge.direction, edge.src, edge.dst, mb] = time.monotonic()
 
 
 @dataclass
@@ -136,6 +146,7 @@ class _Receiver:
                 event.record(self.stream)
                 wait_for(event, self.timeout, f"the tensors of minibatch {mb} {self.edge_name}")
         nbytes = sum(s[0].numel() * s[0].element_size() for s in slots)
+        self.stats.stamp("arrived", e, mb)
         if self.delay is not None:
             self.delay.hold(arrived_at, nbytes)
         self.stats.background_recv_s += time.perf_counter() - t0
@@ -291,6 +302,7 @@ class DistributedTransport:
         if self.device.type == "cuda":  # from pinned memory: the copy does not wait for the GPU to drain
             header = header.pin_memory().to(self.device, non_blocking=True)
         tensors = [header] + [t for _, t in wired if t is not None]
+        self.stats.stamp("sent", edge, mb)
         try:
             with self.issue:
                 works = [dist.isend(t, edge.peer, group=edge.group) for t in tensors]
@@ -340,7 +352,9 @@ class DistributedTransport:
                     raise self._send_error(edge, mb, err) from err
                 self.sends.popleft()
         finally:
-            self.stats.send_s += time.perf_counter() - t0
+            waited = time.perf_counter() - t0
+            self.stats.send_s += waited
+            self.stats.send_wait_s += waited
 
     def _wait(self, work, deadline: float) -> None:
         if self.backend == "gloo":  # gloo's is_completed() only turns true in wait(): wait with a timeout
@@ -362,6 +376,7 @@ class DistributedTransport:
         """The oldest requested message of the incoming edge of ``direction`` (waits for it)."""
         rx = self.receivers[direction]
         mb, future = rx.pending[0]
+        self.stats.stamp("asked", rx.edge, mb)
         t0 = time.perf_counter()
         try:
             msg, event = future.result(timeout=self.timeout)
@@ -373,6 +388,7 @@ class DistributedTransport:
             raise self._lost(rx.edge.src, what, err) from err
         finally:
             self.stats.recv_wait_s += time.perf_counter() - t0
+        self.stats.stamp("taken", rx.edge, mb)
         rx.pending.popleft()
         if event is not None:
             stream = torch.cuda.current_stream(self.device)
