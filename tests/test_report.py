@@ -1267,6 +1267,27 @@ def test_the_transformer_study_tables_the_gap_to_backprop_per_budget_and_the_twi
     assert fig.axes[0].get_xscale() == "log" and fig.axes[1].get_ylabel() == "validation loss (nats/char)"
 
 
+def test_the_revvit_goal_asks_whether_petras_top1_gap_shrinks_with_budget():
+    import pandas as pd
+
+    from petra_core.report.transformers import goals
+
+    def frame(gaps):
+        rows = [
+            dict(model="revvit", metric="top1", arch="revvit", method=m, k=1, minibatches=mb, mean=50.0, std=0.5,
+                 gap=gap if m == "petra" else float("nan"), gap_err=0.7 if m == "petra" else float("nan"))
+            for mb, gap in gaps.items()
+            for m in ("backprop", "petra")
+        ]  # fmt: skip
+        return pd.DataFrame(rows)
+
+    (shrinks,) = goals(frame({250: -6.0, 500: -4.0, 1000: -2.5}))
+    assert shrinks["value"] == -2.5 and shrinks["met"] and "smaller than its -6.000 at 250" in shrinks["target"]
+    (grows,) = goals(frame({250: -2.0, 1000: -3.0}))
+    assert not grows["met"]
+    assert goals(frame({1000: -3.0})) == []  # one budget: nothing to ask
+
+
 ACCO_LM_PROFILE = {
     "profile": "fakeaccolm",
     "run_name": "{replica_rule}-seed{seed}",
