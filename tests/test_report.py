@@ -246,6 +246,16 @@ def test_a_key_only_some_runs_set_keeps_every_run_in_the_summary(fake):
     assert int(s.n.sum()) == len(r) and s.aux_head.isna().sum() == len(s) - 1, s[["method", "k", "aux_head", "n"]]
 
 
+def test_a_batch_size_the_profile_varies_is_the_summarys_own(fake):
+    """A profile whose rows set batch_size has it in the identity (no cfg_batch_size column): the
+    transformers profile, text at 12 and images at 64."""
+    r = fake["frames"]["results"].copy()
+    batch = r.pop("cfg_batch_size")
+    r.insert(r.columns.get_loc("run"), "batch_size", [int(b) * 2 for b in batch])
+    s = results.summarize(r)
+    assert sorted(set(s.batch_size)) == sorted({int(b) * 2 for b in batch}) and int(s.n.sum()) == len(r)
+
+
 def test_results_written_and_read_back(fake):
     back = results.load(fake["results_dir"])
     assert set(back) == {"results", "history", "memory", "fidelity", "summary"}
