@@ -254,6 +254,9 @@ def test_a_batch_size_the_profile_varies_is_the_summarys_own(fake):
     r.insert(r.columns.get_loc("run"), "batch_size", [int(b) * 2 for b in batch])
     s = results.summarize(r)
     assert sorted(set(s.batch_size)) == sorted({int(b) * 2 for b in batch}) and int(s.n.sum()) == len(r)
+    from petra_core.report.labels import describe_runs
+
+    assert f"batch {int(batch.iloc[0]) * 2}" in describe_runs(r)
 
 
 def test_results_written_and_read_back(fake):

@@ -87,7 +87,7 @@ def run_frame(results: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
                 "params": r.get("params", float("nan")),
                 "replicas": r.get("cfg_replicas", float("nan")),
                 "k": r.get("k", float("nan")),
-                "batch_size": r.get("cfg_batch_size", float("nan")),
+                "batch_size": r.get("batch_size", r.get("cfg_batch_size", float("nan"))),
             }
         )
     return pd.DataFrame(rows)

@@ -122,19 +122,29 @@ def tex(text) -> str:
     return "".join(_TEX.get(c, c) for c in str(text))
 
 
+def setting(frame: pd.DataFrame, key: str) -> pd.Series:
+    """A run setting's column: the identity's where the profile varies ``key`` between its rows
+    (``batch_size`` of the transformers profile), else the run config's (``cfg_<key>``); all NaN
+    where neither is there."""
+    for column in (key, f"cfg_{key}"):
+        if column in frame.columns:
+            return frame[column]
+    return pd.Series(float("nan"), index=frame.index, dtype=object)
+
+
 def describe_runs(results: pd.DataFrame) -> str:
     """One line naming what the runs of a profile were: data, width, epochs, batch, hardware."""
     parts = []
     for dataset, g in results.groupby("dataset", sort=False):
-        r = g.iloc[0]
-        subset = f", {int(r.cfg_subset)}-example training subset" if not missing(r.get("cfg_subset")) else ""
-        batches = "/".join(str(b) for b in sorted(g.cfg_batch_size.unique()))
+        subsets = sorted(int(x) for x in setting(g, "subset").dropna().unique())
+        subset = f", {'/'.join(map(str, subsets))}-example training subset" if subsets else ""
+        batches = "/".join(str(int(b)) for b in sorted(setting(g, "batch_size").dropna().unique()))
         replicas = sorted(int(x) for x in g.cfg_replicas.dropna().unique()) if "cfg_replicas" in g else []
         if replicas and replicas != [1]:
             batches = f"{batches} per replica, {'/'.join(map(str, replicas))} replicas"
         widths = sorted(int(w) for w in g.width.dropna().unique())
         width = f", width {'/'.join(map(str, widths))}" if widths else ""
-        sizes = sorted(str(x) for x in g.get("cfg_size", pd.Series(dtype=object)).dropna().unique())
+        sizes = sorted(str(x) for x in setting(g, "size").dropna().unique())
         size = f", size {'/'.join(sizes)}" if sizes and not widths else ""
         parts.append(
             f"{DATASET_LABELS.get(dataset, dataset)}{subset}{width}{size}, "
