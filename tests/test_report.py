@@ -259,6 +259,14 @@ def test_a_batch_size_the_profile_varies_is_the_summarys_own(fake):
     assert f"batch {int(batch.iloc[0]) * 2}" in describe_runs(r)
 
 
+def test_a_width_in_a_column_with_missing_widths_names_its_metrics_file_as_an_integer():
+    assert (
+        results._width_part(64.0) == "-w64"
+        and results._width_part(float("nan")) == ""
+        and results._width_part(None) == ""
+    )
+
+
 def test_results_written_and_read_back(fake):
     back = results.load(fake["results_dir"])
     assert set(back) == {"results", "history", "memory", "fidelity", "summary"}

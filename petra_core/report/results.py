@@ -225,7 +225,9 @@ def _name_part(key: str, value) -> str:
 
 def _width_part(width) -> str:
     """``-w64``; '' for a model whose width is its arch's own (unset)."""
-    return "" if width is None or (isinstance(width, float) and math.isnan(width)) else f"-w{width}"
+    if width is None or (isinstance(width, float) and math.isnan(width)):
+        return ""
+    return f"-w{int(width)}"  # a column with NaN (a model at its own width) holds floats
 
 
 def _wordy(column: pd.Series) -> bool:
