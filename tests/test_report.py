@@ -1303,7 +1303,7 @@ def test_the_revvit_goal_asks_whether_petras_top1_gap_shrinks_with_budget():
         return pd.DataFrame(rows)
 
     (shrinks,) = goals(frame({250: -6.0, 500: -4.0, 1000: -2.5}))
-    assert shrinks["value"] == -2.5 and shrinks["met"] and "smaller than its -6.000 at 250" in shrinks["target"]
+    assert shrinks["value"] == -2.5 and shrinks["met"] and "smaller in size than its -6.000 at 250" in shrinks["target"]
     (grows,) = goals(frame({250: -2.0, 1000: -3.0}))
     assert not grows["met"]
     assert goals(frame({1000: -3.0})) == []  # one budget: nothing to ask

@@ -127,7 +127,7 @@ def goals(frame: pd.DataFrame) -> list[dict]:
                     f"{int(last.minibatches):,} minibatches",
                     "value": last["gap"],
                     "err": last["gap_err"],
-                    "target": f"smaller than its {first['gap']:+.3f} at {int(first.minibatches):,}",
+                    "target": f"smaller in size than its {first['gap']:+.3f} at {int(first.minibatches):,}",
                     "met": bool(abs(last["gap"]) < abs(first["gap"])),
                 }
             )
