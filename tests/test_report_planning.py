@@ -30,7 +30,7 @@ RECORD = dict(
 def test_the_block_renders_every_point_and_the_summary(tmp_path):
     (tmp_path / "plan").mkdir()
     (tmp_path / "plan" / "validate.json").write_text(json.dumps(RECORD))
-    [(begin, end, block)] = readme.render_planning_blocks(tmp_path)
+    [(begin, end, block), _] = readme.render_planning_blocks(tmp_path)
     assert block.startswith(begin) and block.endswith(end)
     assert "**1 emulated points**, mean |error| 1.6 %" in block and "**1 real gloo runs**" in block
     assert "| petra | 4 | 1 | 1 | 10 MB/s | 106.3 | 108.0 | -1.6 % | -5.0 % |" in block
@@ -53,3 +53,27 @@ def test_readme_check_fails_on_a_changed_number_in_planning_md(tmp_path):
     head, rest = text.split(begin, 1)
     (docs / "planning.md").write_text(head + begin + "\nmean |error| 0.1 %\n" + end + rest.split(end, 1)[1])
     assert readme.stale(tmp_path / "README.md", **args) == [str(docs / "planning.md")]
+
+
+def test_the_gpu_check_is_the_planners_prediction_beside_the_bench_row():
+    """The committed H200 stage profile predicted on one device against the bench row of the same
+    model and method: the rendered block holds what ``petra plan predict`` prints."""
+    from petra_core.plan.profiling import from_stage_profile
+    from petra_core.plan.simulate import predict
+    from petra_core.report.plan_gpu_check import check_rows
+
+    rows = check_rows(ROOT / "results/gpu")
+    backprop = next(r for r in rows if (r["gpu"], r["model"], r["method"]) == ("nvidia-h200", "RevNet18", "Backprop"))
+    profile = from_stage_profile(
+        ROOT / "results/gpu/nvidia-h200/stage_profile.json", arch="revnet18", method="backprop", settings="training"
+    )
+    assert backprop["predicted_ms"] == 1e3 * predict(profile, "backprop", placement=[range(10)]).seconds_per_minibatch
+    bench = json.loads((ROOT / "results/gpu/nvidia-h200.json").read_text())["rows"]
+    row = next(r for r in bench if (r["arch"], r["method"], r["settings"]) == ("revnet18", "backprop", "training"))
+    assert backprop["bench_ms"] == 1e3 * row["s_per_batch"]
+    assert {r["model"] for r in rows} == {"RevNet18", "RevNet50"}  # RevNet50 delayed ran out of memory: no row
+    [_, (begin, end, block)] = readme.render_planning_blocks(ROOT / "results")
+    assert (
+        f"| nvidia-h200 | RevNet18 | Backprop | {backprop['predicted_ms']:.1f} ms | {backprop['bench_ms']:.1f} ms |"
+        in block
+    )

@@ -326,12 +326,19 @@ def validate_context(results_root: str | Path = "results") -> dict | None:
 
 
 def render_planning_blocks(results_root: str | Path = "results") -> list[tuple[str, str, str]]:
-    """docs/planning.md's generated block: the planner against the runs (``validate``)."""
+    """docs/planning.md's generated blocks: the planner against the runs (``validate``) and against
+    one GPU's bench rows (``plan-gpu-check``)."""
+    from .plan_gpu_check import check_rows
     from .tables import environment
 
     body = environment().get_template("planning_validate.md.j2").render(validate=validate_context(results_root))
     begin, end = doc_markers("plan-validate")
-    return [(begin, end, f"{begin}\n{body.strip(chr(10))}\n{end}")]
+    gpu = environment().get_template("planning_gpu_check.md.j2").render(rows=check_rows(Path(results_root) / "gpu"))
+    gpu_begin, gpu_end = doc_markers("plan-gpu-check")
+    return [
+        (begin, end, f"{begin}\n{body.strip(chr(10))}\n{end}"),
+        (gpu_begin, gpu_end, f"{gpu_begin}\n{gpu.strip(chr(10))}\n{gpu_end}"),
+    ]
 
 
 def _blocks(results_root, studies_dir) -> list[tuple[str, str, str]]:
