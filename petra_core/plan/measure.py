@@ -88,7 +88,8 @@ def measure_point(point: EmulatedPoint, *, timeout: float = 600.0) -> dict:
     ``seconds_per_minibatch`` (steady state, per replica's minibatch), ``phase_seconds`` (measured
     mean per phase and stage, padding included), ``host_seconds`` (per stage, the engine's own
     seconds per tick it acts in: the rank's tick time outside its phases, less the time it was
-    blocked on a message or a replica collective, ``blocked_seconds`` per rank), ``message_bytes`` (``{"forward": [...],
+    blocked on a message, an earlier send or a replica collective, ``blocked_seconds`` per rank),
+    ``message_delays`` (:func:`message_delays`), ``message_bytes`` (``{"forward": [...],
     "backward": [...]}``: what each stage sent to the next and to the previous one, per
     minibatch), ``peak_bytes`` (None: no allocator peak per rank on CPU), ``kept_bytes`` (the most
     activation bytes each rank kept between a forward and its backward), ``ranks``, ``padded_over`` (phases
@@ -112,8 +113,6 @@ def measure_point(point: EmulatedPoint, *, timeout: float = 600.0) -> dict:
 
 # ---- the rank program ---------------------------------------------------------------------------
 def _rank(point: EmulatedPoint, out: str) -> None:
-    import resource
-
     import torch
 
     from ..engine import Pipeline, PipelineSpec
@@ -148,7 +147,6 @@ def _rank(point: EmulatedPoint, out: str) -> None:
         )
     )
     pipe.world.transport.stats.clock = {}  # when each message was sent, arrived, asked for, taken
-    cpu0 = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
     while not pipe.done:
         pipe.advance()
     stats = pipe.world.transport.stats
@@ -166,7 +164,6 @@ def _rank(point: EmulatedPoint, out: str) -> None:
         # the main thread's seconds outside the phases and not blocked on a message or a collective
         "host_s": pipe.wall_s - sum(padding.total.values()) - stats.recv_wait_s - stats.send_wait_s - replica_wait,
         "clock": [[*key, t] for key, t in stats.clock.items()],
-        "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu0,
         "blocked_s": {"recv": stats.recv_wait_s, "send": stats.send_wait_s, "replicas": replica_wait},
         "losses": [(r.mb, r.loss) for r in pipe.head_log],
     }
@@ -222,6 +219,7 @@ def summarise(point: EmulatedPoint, schedule, ranks: list[dict]) -> dict:
     for r in ranks:
         host[r["stages"][0]] += r["host_s"] / acting[r["stages"][0]] / point.replicas
     message_bytes = {"forward": [0.0] * point.stages, "backward": [0.0] * point.stages}  # per sending stage
+    by_rank = sorted(ranks, key=lambda r: r["rank"])
     for r in (r for r in ranks if r["replica"] == 0):
         j = r["stages"][0]
         message_bytes["backward"][j] = r["bytes_sent_backward"] / n
@@ -232,12 +230,11 @@ def summarise(point: EmulatedPoint, schedule, ranks: list[dict]) -> dict:
         "window": {"minibatches": n - 2 * w, "from_tick": first, "to_tick": last},
         "phase_seconds": phases,
         "host_seconds": host,
-        "blocked_seconds": [r["blocked_s"] for r in sorted(ranks, key=lambda r: r["rank"])],
-        "cpu_seconds": [r["cpu_s"] for r in sorted(ranks, key=lambda r: r["rank"])],
+        "blocked_seconds": [r["blocked_s"] for r in by_rank],
         "message_bytes": message_bytes,
         "message_delays": message_delays(ranks),
         "peak_bytes": None,  # no allocator peak per rank on CPU (RSS holds torch itself): not compared
-        "kept_bytes": [r["peak_kept"] for r in sorted(ranks, key=lambda r: r["rank"])],
+        "kept_bytes": [r["peak_kept"] for r in by_rank],
         "ranks": len(ranks),
         "losses": [loss for _, loss in sorted(x for r in ranks for x in r["losses"])],  # emulation changes none
         "padded_over": sum(r["overran"] for r in ranks),

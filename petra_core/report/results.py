@@ -34,6 +34,7 @@ import pandas as pd
 from ..run import runio
 from ..run.config import RunConfig
 from ..workflow import grid
+from .labels import setting
 
 FINAL = [
     "top1",
@@ -204,8 +205,7 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
             seeds=" ".join(str(s) for s in sorted(g.seed)),
             params=int(g.params.iloc[0]),
             epochs=int(g.epochs_done.iloc[0]),
-            # a key the profile varies is in the identity (no cfg_ column); else the run's config
-            batch_size=int((g["batch_size"] if "batch_size" in g.columns else g.cfg_batch_size).iloc[0]),
+            batch_size=int(setting(g, "batch_size").iloc[0]),
         )
         for m in [*SUMMARY_METRICS, *(m for m in TEXT_FINAL if m in results.columns)]:
             values = pd.to_numeric(g[m], errors="coerce")
