@@ -289,7 +289,7 @@ def register(sub) -> None:
     p.add_argument("--latency", type=float, default=5e-4, help="emulated link latency, s (default %(default)s)")
     p.add_argument("--replicas", default="1,2", help="replica counts (default %(default)s)")
     p.add_argument("--real-ranks", default="2,3", help="real gloo runs' rank counts ('' for none; default %(default)s)")
-    p.add_argument("--minibatches", type=int, default=40, help="minibatches per point (default %(default)s)")
+    p.add_argument("--minibatches", type=int, default=40, help="emulated runs' minibatches (default %(default)s)")
     p.add_argument("--real-width", type=int, default=32, help="real runs' chain width (default %(default)s)")
     p.add_argument("--real-batch", type=int, default=64, help="real runs' minibatch (default %(default)s)")
     p.add_argument("--real-minibatches", type=int, default=200, help="real runs' minibatches (default %(default)s)")
