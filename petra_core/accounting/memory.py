@@ -74,7 +74,7 @@ def predict_steady_state(
     if tick < fill_drain(J):
         raise ValueError(f"tick {tick} is before the steady state (tick >= {fill_drain(J)})")
     schedule = m.schedule(J, tick + 1, k=k)
-    policies = [m.policy_for(stage, last=j == J - 1) for j, stage in enumerate(model)]
+    policies = m.policies(list(model))
     rows = []
     for j, r in enumerate(shapes):
         previous = (shapes[j - 1]["kind"], policies[j - 1]) if j > 0 else None

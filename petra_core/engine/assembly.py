@@ -157,7 +157,8 @@ def build_workers(spec: PipelineSpec, model: StagedModel, replica: int) -> list[
     The learning rate scales with the batch of one optimizer step over all replicas."""
     method, J, stages = spec.method, len(spec.model), spec.world.placement.stages
     batches_per_epoch = spec.batches_per_epoch or max(spec.num_batches, 1)
-    storages = {j: method.storage_for(model[j], last=j == J - 1) for j in stages}
+    policies = method.policies(list(model))  # the whole model's: a bounded rebuild chain is a model-wide choice
+    storages = {j: policies[j]() for j in stages}
     if spec.phases != "eager":
         storages = {j: static_storage(policy, last=j == J - 1) for j, policy in storages.items()}
     joins = joined_stages(spec, model, storages)
@@ -183,7 +184,7 @@ def build_workers(spec: PipelineSpec, model: StagedModel, replica: int) -> list[
                 opt,
                 sched,
                 k=spec.k,
-                send_input_back=j > 0 and method.policy_for(model[j - 1], last=False).needs_output_back,
+                send_input_back=j > 0 and policies[j - 1].needs_output_back,
                 replica=replica,
                 precision=spec.precision,
                 tensor_offset=sum(counts[:j]),

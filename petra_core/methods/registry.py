@@ -27,11 +27,22 @@ auxiliary heads, ``aux_head``); they are not in the PETRA paper's tables.
 
 PETRA and reversible backprop need reversible stages: on a ResNet they are refused (a ResNet
 under "PETRA" would buffer every input, which is DSP — ask for ``dsp``).
+
+**Bounded rebuild chains** (``rebuild_span``, not in the paper). Under PETRA a reversible stage
+inverts the output the next stage rebuilt, so a run of consecutive reversible stages compounds
+its errors, each inverse with weights that moved since the forward. On a RevNet the
+non-reversible downsampling stages cut the runs short; a reversible transformer is one run from
+stem to head, and the error grows along it (measured on revgpt, AdamW 1e-3: the rebuilt input of
+the first block is off by several times its own norm). :meth:`Method.bounded` ``(span)`` lets at
+most ``span`` consecutive reversible stages rebuild from one exact value: the stage before such a
+run keeps its input (DSP's buffer, recomputed with current weights) and hands it down exact.
+``span = 0``: no bound, the paper's PETRA.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..models.stage import Stage
@@ -53,21 +64,59 @@ class Method:
     summary: str
     head: type[StoragePolicy] = KeepGraph  # the policy of the last stage (loss and backward in one tick)
     needs_aux: bool = False  # trains stages from auxiliary heads (a model built with aux_head)
+    rebuild_span: int = 0  # most consecutive stages rebuilding from one exact value (0: no bound)
 
     def policy_for(self, stage: Stage, *, last: bool) -> type[StoragePolicy]:
-        """The policy class of a stage (its contract can be asked without building one)."""
+        """The policy class of a stage on its own, before any bound on rebuild chains (its contract
+        can be asked without building one); :meth:`policies` gives a whole model's."""
         if last:
             return self.head
         return self.reversible if stage.reversible else self.other
+
+    @property
+    def rebuilds(self) -> bool:
+        """Do its reversible stages rebuild their inputs from the next stage's (PETRA, reversible backprop)?"""
+        return self.reversible.needs_output_back and not self.reversible.keeps
+
+    def bounded(self, span: int) -> Method:
+        """This method with rebuild chains of at most ``span`` stages (0: unbounded, itself)."""
+        if isinstance(span, bool) or not isinstance(span, int) or span < 0:
+            raise ValueError(f"rebuild_span={span!r} must be an integer >= 0 (0: no bound)")
+        if span and not self.rebuilds:
+            allowed = ", ".join(m.name for m in METHODS.values() if m.rebuilds)
+            raise ValueError(
+                f"rebuild_span={span} bounds the chains of stages that rebuild their inputs; method "
+                f"{self.name!r} has none (allowed with: {allowed}; rebuild_span=0 otherwise)"
+            )
+        return self if span == self.rebuild_span else replace(self, rebuild_span=span)
+
+    def policies(self, stages: Sequence) -> list[type[StoragePolicy]]:
+        """The policy class of every stage of a model (anything with ``.reversible`` per stage).
+
+        With ``rebuild_span`` s > 0, counting the reversible stages of a run from its end (the
+        stage next to the one that keeps its input: 1, 2, ...), those at a multiple of s + 1 keep
+        their input (``other``'s policy) instead of rebuilding it."""
+        J = len(stages)
+        out = [self.policy_for(stage, last=j == J - 1) for j, stage in enumerate(stages)]
+        if self.rebuild_span:
+            depth = 0  # position in the run of rebuilding stages, from its end
+            for j in reversed(range(J)):
+                if out[j] is not self.reversible or j == J - 1:
+                    depth = 0
+                    continue
+                depth += 1
+                if depth % (self.rebuild_span + 1) == 0:
+                    out[j], depth = self.other, 0
+        return out
 
     @property
     def gradients_cross(self) -> bool:
         """Do backward messages go from a stage to the previous one?"""
         return self.head.gradient_out
 
-    def storage_for(self, stage: Stage, *, last: bool) -> StoragePolicy:
-        """A fresh policy for a stage's worker."""
-        return self.policy_for(stage, last=last)()
+    def storages(self, stages: Sequence) -> list[StoragePolicy]:
+        """A fresh policy for each stage's worker."""
+        return [policy() for policy in self.policies(stages)]
 
 
 METHODS: dict[str, Method] = {

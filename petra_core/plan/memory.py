@@ -100,7 +100,7 @@ def stage_bytes(sizes, method: str, *, batch: int, momentum: bool = True) -> lis
 
     m = get_method(method)
     J = len(sizes)
-    policies = [m.policy_for(SimpleNamespace(reversible=r["reversible"]), last=j == J - 1) for j, r in enumerate(sizes)]
+    policies = m.policies([SimpleNamespace(reversible=r["reversible"]) for r in sizes])
     rows = []
     for j, r in enumerate(sizes):
         in_bytes, out_bytes, graph, params = r["input_bytes"], r["output_bytes"], r["graph_bytes"], r["params_bytes"]

@@ -42,6 +42,7 @@ _NON_NEGATIVE = (
     "gamma",
     "fidelity_every",
     "bn_reestimate_batches",
+    "rebuild_span",
 )
 
 
@@ -148,6 +149,12 @@ class RunConfig:
         _names("AUX_HEADS", None),
     )
     k: int = _key(1, "gradient accumulation: minibatches per optimizer step")
+    rebuild_span: int = _key(
+        0,
+        "petra, revbackprop: at most this many consecutive reversible stages rebuild their inputs "
+        "from one exact value; the stage before such a run keeps its input instead (0 = no bound, "
+        "the paper's PETRA; docs/architecture.md, Bounded rebuild chains)",
+    )
     seed: int = _key(0, "seed of weight initialisation, data order and augmentation")
     # data
     dataset: str = _key("synthetic", "dataset", _names("DATASETS"))
@@ -436,6 +443,10 @@ class RunConfig:
         from ..models.specs import ARCHS
 
         method = METHODS[self.method]
+        try:
+            method.bounded(self.rebuild_span)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         if method.needs_aux and self.aux_head is None:
             raise ConfigError(
                 f"method={self.method!r} trains stages from auxiliary heads; set aux_head (allowed: "

@@ -30,6 +30,7 @@ from ..engine import LocalWorld, Pipeline, PipelineSpec
 from ..engine.placement import format_placement
 from ..engine.stage_costs import measure_stage_costs
 from ..families import build
+from ..methods import Method
 from ..optim import Recipe
 from ..precision import set_numerics
 from ..replicas import ReplicaRule
@@ -59,7 +60,7 @@ class SessionPlan:
     channels_last: bool
     epochs: int
     prefetch: int  # minibatches read ahead on stage 0's rank (0: none)
-    method: str
+    method: Method  # bounded rebuild chains included (rebuild_span)
     k: int
     batch_size: int
     recipe: Recipe

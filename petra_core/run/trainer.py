@@ -138,7 +138,7 @@ def session_plan(cfg: RunConfig) -> SessionPlan:
         channels_last=cfg.channels_last,
         epochs=cfg.epochs,
         prefetch=cfg.prefetch if cfg.prefetch is not None else (4 if cfg.device == "cuda" else 0),
-        method=cfg.method,
+        method=get_method(cfg.method).bounded(cfg.rebuild_span),
         k=cfg.k,
         batch_size=cfg.batch_size,
         recipe=recipe,
