@@ -1205,9 +1205,16 @@ TF_PROFILE = {
     "grid": [
         {"arch": "revgpt", "method": ["backprop", "petra"], "seed": [0, 1], "epochs": [2, 4]},
         {"arch": "gpt", "method": "backprop", "seed": [0, 1], "epochs": [2, 4]},
+        {"arch": "revgpt", "method": "petra", "rebuild_span": 1, "seed": [0, 1], "epochs": [2, 4],
+         "run_name": "{arch}-{method}-span{rebuild_span}-seed{seed}-e{epochs}"},
     ],
+}  # fmt: skip
+TF_LOSS = {  # at 2 epochs
+    ("revgpt", "backprop", 0): 2.0,
+    ("revgpt", "petra", 0): 2.3,
+    ("gpt", "backprop", 0): 1.95,
+    ("revgpt", "petra", 1): 2.2,
 }
-TF_LOSS = {("revgpt", "backprop"): 2.0, ("revgpt", "petra"): 2.3, ("gpt", "backprop"): 1.95}  # at 2 epochs
 
 
 def text_history(loss_at: callable, epochs: int, images_per_s: float = 100.0) -> list[dict]:
@@ -1255,9 +1262,10 @@ def text_metrics(history: list[dict], steps: int, kept: list[int], **extra) -> d
 
 def write_tf_run(run_dir, cfg):
     # the loss halves its distance to 1.5 with every doubling of the budget, PETRA's gap with it
-    base = TF_LOSS[cfg["arch"], cfg["method"]] - 0.25 * (cfg["epochs"] == 4) + 0.01 * cfg["seed"]
+    span = cfg.get("rebuild_span", 0)
+    base = TF_LOSS[cfg["arch"], cfg["method"], span] - 0.25 * (cfg["epochs"] == 4) + 0.01 * cfg["seed"]
     history = text_history(lambda e: base + 0.1 * (cfg["epochs"] - e), cfg["epochs"])
-    kept = [1_000_000] * 4 if cfg["method"] == "backprop" else [250_000] * 4
+    kept = [1_000_000] * 4 if cfg["method"] == "backprop" else [250_000 + 250_000 * span] * 4
     write_records(run_dir, cfg, text_metrics(history, 100 * cfg["epochs"], kept), history)
 
 
@@ -1270,19 +1278,23 @@ def test_the_transformer_study_tables_the_gap_to_backprop_per_budget_and_the_twi
     from petra_core.report.tables import render
     from petra_core.report.transformers import budget_frame, goals, transformers_context, transformers_figure
 
-    frame = budget_frame(tf_runs["summary"], tf_runs["results"]).set_index(["arch", "method", "minibatches"])
-    assert frame.loc[("revgpt", "petra", 200), "gap"] == pytest.approx(0.3)
-    assert frame.loc[("gpt", "backprop", 400), "gap"] == pytest.approx(-0.05)  # the cost of reversibility
-    assert frame.loc[("revgpt", "petra", 400), "mean"] == pytest.approx(2.055)  # seeds 0 and 1
+    frame = budget_frame(tf_runs["summary"], tf_runs["results"]).set_index(["arch", "method", "span", "minibatches"])
+    assert frame.loc[("revgpt", "petra", 0, 200), "gap"] == pytest.approx(0.3)
+    assert frame.loc[("revgpt", "petra", 1, 200), "gap"] == pytest.approx(0.2)  # bounded rebuild chains
+    assert frame.loc[("gpt", "backprop", 0, 400), "gap"] == pytest.approx(-0.05)  # the cost of reversibility
+    assert frame.loc[("revgpt", "petra", 0, 400), "mean"] == pytest.approx(2.055)  # seeds 0 and 1
     assert set(frame.metric) == {"test_loss"}
-    backprop, petra = goals(budget_frame(tf_runs["summary"], tf_runs["results"]))
+    backprop, petra, bounded = goals(budget_frame(tf_runs["summary"], tf_runs["results"]))
     assert backprop["value"] == pytest.approx(1.755) and backprop["met"]  # the best within 5,000 steps
     assert petra["value"] == pytest.approx(0.3) and not petra["met"]  # at the largest budget, 400
+    assert bounded["value"] == pytest.approx(0.2) and "PETRA (rebuild span 1)'s gap" in bounded["what"]
     context = transformers_context(tf_runs, "faketf")
     md = render("transformers", "md", context)
     assert "| 400 | 1.755 ± 0.007 (n = 2) | – | 2.055 ± 0.007 (n = 2) | +0.300 ± 0.010 |" in md, md
+    assert "| RevGPT, PETRA (rebuild span 1) |" in md and "+0.200 ± 0.010 |" in md, md
     assert "PETRA's gap to backprop at 400 minibatches: 0.300 ± 0.010 (goal ≤ 0.05): **not met**" in md
     assert "| RevGPT, PETRA | 4 | 1,000 | 1.00 | 0.25 |" in md  # kept bytes of the run, MB
+    assert "| RevGPT, PETRA (rebuild span 1) | 4 | 1,000 | 2.00 | 0.50 |" in md
     assert "\\begin{tabular}" in render("transformers", "tex", context)
     fig = transformers_figure(tf_runs, "faketf")
     assert fig.axes[0].get_xscale() == "log" and fig.axes[1].get_ylabel() == "validation loss (nats/char)"
@@ -1295,8 +1307,8 @@ def test_the_revvit_goal_asks_whether_petras_top1_gap_shrinks_with_budget():
 
     def frame(gaps):
         rows = [
-            dict(model="revvit", metric="top1", arch="revvit", method=m, k=1, minibatches=mb, mean=50.0, std=0.5,
-                 gap=gap if m == "petra" else float("nan"), gap_err=0.7 if m == "petra" else float("nan"))
+            dict(model="revvit", metric="top1", arch="revvit", method=m, k=1, span=0, minibatches=mb, mean=50.0,
+                 std=0.5, gap=gap if m == "petra" else float("nan"), gap_err=0.7 if m == "petra" else float("nan"))
             for mb, gap in gaps.items()
             for m in ("backprop", "petra")
         ]  # fmt: skip
@@ -1384,22 +1396,49 @@ def test_acco_on_a_language_model_is_judged_on_validation_loss_and_clocked_on_a_
     assert len(fig.axes) == 4 and fig.axes[2].get_xlabel() == "modelled wall-clock on a slow link (h)"
 
 
+def test_the_drift_table_reads_each_stages_handed_down_input_and_cosine_from_the_fidelity_log():
+    from petra_core.report.transformers import drift_rows
+
+    rows = [
+        dict(arch="revgpt", method="petra", k=1, rebuild_span=span, step=step, stage=j, kind=kind,
+             input_error=err * (1 + span * (j == 1)), cosine=0.5 + 0.1 * j)
+        for span in (0, 1)
+        for step in (0, 25, 50, 75)
+        for j, kind, err in ((0, "S", float("nan")), (1, "R", step / 10), (2, "H", 0.0))
+    ]  # fmt: skip
+    petra, bounded = drift_rows(pd.DataFrame(rows))
+    assert petra["setting"] == "RevGPT, PETRA" and bounded["setting"] == "RevGPT, PETRA (rebuild span 1)"
+    assert petra["steps"] == "50–75"  # the second half of the tracked steps
+    stem, block, head = petra["stages"]
+    assert stem["error"] is None and block["error"] == pytest.approx(6.25) and head["error"] == 0.0
+    assert bounded["stages"][1]["error"] == pytest.approx(12.5) and block["cosine"] == pytest.approx(0.6)
+    assert drift_rows(pd.DataFrame(rows).drop(columns="input_error")) == []  # a log from before the column
+
+
 def test_petras_gap_is_split_into_the_delays_share_and_its_own():
     from petra_core.report.transformers import where_the_gap_is
 
     rows = [
-        ("revgpt", "petra", 1, 100, 0.9),
-        ("revgpt", "petra", 1, 200, 0.8),
-        ("revgpt", "delayed", 1, 100, 0.5),
-        ("revgpt", "delayed", 1, 200, 0.3),
-        ("revgpt", "petra", 4, 200, 0.5),
-        ("gpt", "backprop", 1, 200, -0.03),
+        ("revgpt", "petra", 1, 0, 100, 0.9),
+        ("revgpt", "petra", 1, 0, 200, 0.8),
+        ("revgpt", "delayed", 1, 0, 100, 0.5),
+        ("revgpt", "delayed", 1, 0, 200, 0.3),
+        ("revgpt", "petra", 4, 0, 200, 0.5),
+        ("revgpt", "petra", 1, 1, 200, 0.45),
+        ("gpt", "backprop", 1, 0, 200, -0.03),
     ]
     frame = pd.DataFrame(
-        [{"model": "revgpt", "arch": a, "method": m, "k": k, "minibatches": b, "gap": g} for a, m, k, b, g in rows]
+        [
+            {"model": "revgpt", "arch": a, "method": m, "k": k, "span": s, "minibatches": b, "gap": g}
+            for a, m, k, s, b, g in rows
+        ]
     )
     (split,) = where_the_gap_is(frame)
     assert split["minibatches"] == 200  # the largest budget both ran
     assert (split["petra"], split["delay"]) == (0.8, 0.3) and split["rest"] == pytest.approx(0.5)
-    assert split["larger_k"] == [{"k": 4, "gap": 0.5}]
+    assert split["larger_k"] == [{"k": 4, "gap": 0.5}] and split["bounded"] == [{"span": 1, "gap": 0.45}]
+    assert split["current_weights"] is None  # no DSP run at that budget
+    with_dsp = pd.concat([frame, frame.iloc[[3]].assign(method="dsp", gap=0.4)], ignore_index=True)
+    (split,) = where_the_gap_is(with_dsp)
+    assert split["current_weights"] == pytest.approx(0.1) and split["rebuilt_inputs"] == pytest.approx(0.4)
     assert where_the_gap_is(frame[frame.method != "delayed"]) == []

@@ -15,11 +15,20 @@ the stages after j not yet.
 
 Cost per tracked group: about one forward of the network plus one backward down to stage j, per
 stage and minibatch; with ``every`` = a few hundred steps it is a few percent of training.
+
+**Rebuilt inputs.** Where a stage hands its input down with its backward message (the previous
+stage rebuilds from it: PETRA, reversible backprop), the tracker also compares that input with
+the one the stage received in the forward, for the tracked groups' minibatches: ``input_error``,
+‖x̂ − x‖ / ‖x‖ over both streams, the mean over the group (NaN where the stage hands none down).
+A stage that keeps its input hands down the exact value (0); a stage that rebuilds it hands down
+its inverse, with its current weights, of what the next stage handed down — the drift a run of
+reversible stages compounds (``methods/registry.py``, bounded rebuild chains).
 """
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from ..batchnorm import frozen_running_stats
 from ..engine.observers import Observer
@@ -63,7 +72,7 @@ class FidelityTracker(Observer):
     """Attached to a pipeline: every ``every``-th optimizer step of each stage, compare gradients.
 
     Records (tidy): method, step (optimizer step of the stage = accumulation group), tick, stage,
-    kind, num_minibatches, cosine, rel_error, grad_norm, true_norm. Observation only: an
+    kind, num_minibatches, cosine, rel_error, grad_norm, true_norm, input_error. Observation only: an
     :class:`~petra_core.engine.observers.Observer` in ``sim.observers``, it caches the tracked
     groups' minibatches as stage 0 fetches them (``fetched``) and reads ``.grad`` right before the
     step (``before("step", ...)``); a tracked minibatch fetched before it was attached (a resumed
@@ -88,6 +97,8 @@ class FidelityTracker(Observer):
         self._sources = (
             range(self._R) if self._R > 1 and isinstance(sim.rule, DataParallel) else (sim.workers[0].replica,)
         )
+        self._received: dict[tuple[int, int], Tensor] = {}  # (stage, mb) -> its forward input, tracked groups
+        self._input_errors: dict[tuple[int, int], list[float]] = {}  # (stage, group) -> rebuilt-input errors
         sim.observers.append(self)
 
     def _tracked(self, group: int) -> bool:
@@ -101,6 +112,18 @@ class FidelityTracker(Observer):
         if replica in self._sources and self._tracked(mb // self._R // self.k):
             self._batches[mb] = batch
 
+    def sent(self, worker, direction: str, msg) -> None:
+        """Keep a tracked minibatch's forward input of each stage; compare the input a stage hands down."""
+        if id(worker) not in self._workers or not self._tracked(msg.mb // self.k):
+            return
+        if direction == "forward":
+            self._received[worker.index + 1, msg.mb] = streams.join(msg.activation).detach().double()
+        elif getattr(msg, "activation", None) is not None and (worker.index, msg.mb) in self._received:
+            true = self._received.pop((worker.index, msg.mb))
+            got = streams.join(msg.activation).detach().double()
+            error = float((got - true).norm() / true.norm()) if float(true.norm()) > 0 else float("nan")
+            self._input_errors.setdefault((worker.index, msg.mb // self.k), []).append(error)
+
     def before(self, phase: str, worker, mb: int | None) -> None:
         if phase != "step" or id(worker) not in self._workers:
             return
@@ -112,6 +135,7 @@ class FidelityTracker(Observer):
         # a batch fetched before a resume is fetched again: get_batch is a pure function of mb
         batches = [self._batches[m] if m in self._batches else self.sim.get_batch(m) for m in mbs]
         true = true_gradient(self.sim.model, worker.index, batches)
+        errors = self._input_errors.pop((worker.index, group), [])
         self.records.append(
             dict(
                 method=self.sim.method.name,
@@ -121,6 +145,7 @@ class FidelityTracker(Observer):
                 kind=worker.stage.kind,
                 num_minibatches=len(mbs),
                 **compare(grad, true),
+                input_error=sum(errors) / len(errors) if errors else float("nan"),
             )
         )
         done = self._done.setdefault(group, set())
@@ -129,6 +154,9 @@ class FidelityTracker(Observer):
             for m in mbs:
                 self._batches.pop(m, None)
             del self._done[group]
+            own = range(group * self.k, (group + 1) * self.k)  # this replica's minibatches of the group
+            for key in [key for key in self._received if key[1] in own]:  # inputs no stage handed down
+                del self._received[key]
 
     def detach(self) -> None:
         if self in self.sim.observers:

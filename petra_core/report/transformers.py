@@ -35,6 +35,21 @@ def metric_of(rows: pd.DataFrame) -> str:
     return "test_loss" if bpc.notna().any() else "top1"
 
 
+def spans(frame: pd.DataFrame) -> pd.Series:
+    """Each row's ``rebuild_span`` (0, the paper's PETRA, where the profile does not vary it)."""
+    if "rebuild_span" not in frame.columns:
+        return pd.Series(0, index=frame.index, dtype=int)
+    return pd.to_numeric(frame["rebuild_span"], errors="coerce").fillna(0).astype(int)
+
+
+def trained(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the study's training runs, without its diagnostic runs (``fidelity_every`` > 0:
+    the same bits as the run without the tracker, kept for their fidelity logs)."""
+    if "fidelity_every" not in frame.columns:
+        return frame
+    return frame[pd.to_numeric(frame["fidelity_every"], errors="coerce").fillna(0) == 0]
+
+
 def _spread(*stds) -> float:
     known = [float(s) for s in stds if not pd.isna(s)]
     return math.sqrt(sum(s * s for s in known)) if known else float("nan")
@@ -47,9 +62,10 @@ def _cell(row) -> dict:
 
 
 def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
-    """One row per (dataset, reversible arch, budget, method) of the reversible model or its twin's
-    backprop: the metric's mean, sd, n and, but for backprop, the gap to backprop."""
+    """One row per (dataset, reversible arch, budget, method, k, rebuild span) of the reversible
+    model or its twin's backprop: the metric's mean, sd, n and, but for backprop, the gap to backprop."""
     rows = []
+    summary, results = trained(summary), trained(results)
     for rev, twin in TWINS.items():
         mine = summary[summary.arch.isin([rev, twin])]
         if mine.empty or rev not in set(mine.arch):
@@ -60,15 +76,15 @@ def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
                 done = results[(results.arch == rev) & (results.dataset == dataset) & (results.epochs == epochs)]
                 minibatches = int((done.optimizer_steps * done.k).max()) if not done.empty else None
                 stats = {
-                    (r["arch"], r["method"], int(r["k"])): {
+                    (r["arch"], r["method"], int(r["k"]), span): {
                         "mean": r[f"{metric}_mean"],
                         "std": r[f"{metric}_std"],
                         "n": r["n"],
                     }
-                    for r in g.to_dict("records")
+                    for r, span in zip(g.to_dict("records"), spans(g))
                 }
-                bp = stats.get((rev, "backprop", 1))
-                for (arch, method, k), s in stats.items():
+                bp = stats.get((rev, "backprop", 1, 0))
+                for (arch, method, k, span), s in stats.items():
                     if arch == twin and method != "backprop":
                         continue
                     gap = err = float("nan")
@@ -81,6 +97,7 @@ def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
                             "arch": arch,
                             "method": method,
                             "k": k,
+                            "span": span,
                             "epochs": epochs,
                             "minibatches": minibatches,
                             "metric": metric,
@@ -92,9 +109,16 @@ def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _setting(arch: str, method: str, k: int) -> str:
+def _setting(arch: str, method: str, k: int, span: int = 0) -> str:
     label = f"{model_label(arch)}, {METHOD_LABELS.get(method, method)}"
-    return label + (f" (k = {k})" if k != 1 else "")
+    options = [f"k = {k}"] * (k != 1) + [f"rebuild span {span}"] * (span != 0)
+    return label + (f" ({', '.join(options)})" if options else "")
+
+
+def _variants(s: pd.DataFrame, rev: str) -> list[tuple]:
+    """The (arch, method, k, span) settings of a model's rows: its backprop, its methods, the twin last."""
+    keys = set(zip(s.arch, s.method, s.k, s.span))
+    return sorted(keys, key=lambda a: (a[0] != rev, a[1] != "backprop", a[1], a[2], a[3]))
 
 
 def goals(frame: pd.DataFrame) -> list[dict]:
@@ -118,30 +142,31 @@ def goals(frame: pd.DataFrame) -> list[dict]:
                     "met": bool(best["mean"] <= target["backprop_at_most"]),
                 }
             )
-        petra = mine[(mine.arch == rev) & (mine.method == "petra") & (mine.k == 1)].dropna(subset=["gap"])
-        if target.get("gap_shrinks") and petra.minibatches.nunique() >= 2:
-            first, last = petra.loc[petra.minibatches.idxmin()], petra.loc[petra.minibatches.idxmax()]
-            out.append(
-                {
-                    "what": f"{model_label(rev)} PETRA's gap to backprop ({METRICS[metric]}) at "
-                    f"{int(last.minibatches):,} minibatches",
-                    "value": last["gap"],
-                    "err": last["gap_err"],
-                    "target": f"smaller in size than its {first['gap']:+.3f} at {int(first.minibatches):,}",
-                    "met": bool(abs(last["gap"]) < abs(first["gap"])),
-                }
-            )
-        if "gap_at_most" in target and not petra.empty:
-            last = petra.loc[petra.minibatches.idxmax()]
-            out.append(
-                {
-                    "what": f"{model_label(rev)} PETRA's gap to backprop at {int(last.minibatches):,} minibatches",
-                    "value": last["gap"],
-                    "err": last["gap_err"],
-                    "target": f"≤ {target['gap_at_most']}",
-                    "met": bool(last["gap"] <= target["gap_at_most"]),
-                }
-            )
+        every = mine[(mine.arch == rev) & (mine.method == "petra") & (mine.k == 1)].dropna(subset=["gap"])
+        for span, petra in every.groupby("span"):  # the paper's PETRA (span 0), then bounded rebuild chains
+            who = f"{model_label(rev)} PETRA" + (f" (rebuild span {span})" if span else "")
+            if target.get("gap_shrinks") and petra.minibatches.nunique() >= 2:
+                first, last = petra.loc[petra.minibatches.idxmin()], petra.loc[petra.minibatches.idxmax()]
+                out.append(
+                    {
+                        "what": f"{who}'s gap to backprop ({METRICS[metric]}) at {int(last.minibatches):,} minibatches",
+                        "value": last["gap"],
+                        "err": last["gap_err"],
+                        "target": f"smaller in size than its {first['gap']:+.3f} at {int(first.minibatches):,}",
+                        "met": bool(abs(last["gap"]) < abs(first["gap"])),
+                    }
+                )
+            if "gap_at_most" in target:
+                last = petra.loc[petra.minibatches.idxmax()]
+                out.append(
+                    {
+                        "what": f"{who}'s gap to backprop at {int(last.minibatches):,} minibatches",
+                        "value": last["gap"],
+                        "err": last["gap_err"],
+                        "target": f"≤ {target['gap_at_most']}",
+                        "met": bool(last["gap"] <= target["gap_at_most"]),
+                    }
+                )
     return out
 
 
@@ -149,16 +174,22 @@ def where_the_gap_is(frame: pd.DataFrame) -> list[dict]:
     """Per reversible model, at the largest budget where PETRA (k = 1) and delayed gradients with
     weight stashing both ran: PETRA's gap to backprop split into the delay's share (the stashed run
     has PETRA's delays with exact weights) and the rest (PETRA computes on current weights, its
-    input rebuilt with them); PETRA k > 1's gaps beside them. Only what the records hold."""
+    input rebuilt with them). Where DSP ran there too, the rest splits again: current weights on
+    exact inputs (DSP minus delayed) and the rebuilt inputs (PETRA minus DSP). Beside them, PETRA
+    with k > 1 and with bounded rebuild chains. Only what the records hold."""
     out = []
     for rev, s in frame[frame.arch.isin(list(TWINS))].groupby("model", sort=False):
-        petra = s[(s.method == "petra") & (s.k == 1)].set_index("minibatches")
-        delayed = s[(s.method == "delayed") & (s.k == 1)].set_index("minibatches")
+        mine = s[s.arch == rev]
+        plain = (mine.k == 1) & (mine.span == 0)
+        petra = mine[plain & (mine.method == "petra")].set_index("minibatches")
+        delayed = mine[plain & (mine.method == "delayed")].set_index("minibatches")
         both = sorted(set(petra.index) & set(delayed.index))
         if not both:
             continue
         at = both[-1]
-        others = s[(s.method == "petra") & (s.k > 1) & (s.minibatches == at)]
+        dsp = mine[plain & (mine.method == "dsp") & (mine.minibatches == at)]
+        others = mine[(mine.method == "petra") & (mine.minibatches == at) & ~plain].sort_values(["span", "k"])
+        current = float(dsp.gap.iloc[0]) - delayed.loc[at, "gap"] if not dsp.empty else None
         out.append(
             {
                 "model": model_label(rev),
@@ -166,7 +197,10 @@ def where_the_gap_is(frame: pd.DataFrame) -> list[dict]:
                 "petra": petra.loc[at, "gap"],
                 "delay": delayed.loc[at, "gap"],
                 "rest": petra.loc[at, "gap"] - delayed.loc[at, "gap"],
-                "larger_k": [{"k": int(r.k), "gap": r.gap} for r in others.itertuples()],
+                "current_weights": current,
+                "rebuilt_inputs": petra.loc[at, "gap"] - float(dsp.gap.iloc[0]) if not dsp.empty else None,
+                "larger_k": [{"k": int(r.k), "gap": r.gap} for r in others.itertuples() if r.span == 0],
+                "bounded": [{"span": int(r.span), "gap": r.gap} for r in others.itertuples() if r.k == 1],
             }
         )
     return out
@@ -175,13 +209,15 @@ def where_the_gap_is(frame: pd.DataFrame) -> list[dict]:
 def memory_rows(results: pd.DataFrame) -> list[dict]:
     """Per (model, method): the bytes kept between forward and backward, over all stages and at the
     largest stage (measured by the run; the same for every seed and budget)."""
-    mine = results[results.arch.isin([*TWINS, *TWINS.values()])]
+    mine = trained(results)
+    mine = mine[mine.arch.isin([*TWINS, *TWINS.values()])]
+    mine = mine.assign(span=spans(mine))
     rows = []
-    for (arch, method), g in mine.groupby(["arch", "method"], sort=False):
+    for (arch, method, span), g in mine.groupby(["arch", "method", "span"], sort=False):
         r = g.iloc[0]
         rows.append(
             {
-                "setting": _setting(arch, method, 1),
+                "setting": _setting(arch, method, 1, span),
                 "stages": int(r["num_stages"]),
                 "total_mb": float(r["kept_total_mb"]),
                 "max_mb": float(r["kept_max_mb"]),
@@ -189,6 +225,38 @@ def memory_rows(results: pd.DataFrame) -> list[dict]:
             }
         )
     return rows
+
+
+def drift_rows(fidelity: pd.DataFrame) -> list[dict]:
+    """Per reversible model and diagnostic run (a fidelity log): per stage, over the tracked steps
+    of the run's second half, the median error of the input the stage handed down (‖x̂ − x‖ / ‖x‖;
+    NaN where it hands none down) and the mean cosine of its stepped gradient with the true one."""
+    if fidelity.empty or "input_error" not in fidelity.columns:
+        return []
+    out = []
+    mine = fidelity[fidelity.arch.isin(list(TWINS))]
+    mine = mine.assign(span=spans(mine))
+    for (rev, method, k, span), g in mine.groupby(["arch", "method", "k", "span"], sort=False):
+        late = g[g.step >= g.step.max() / 2]
+        stages = late.groupby("stage").agg(kind=("kind", "first"), error=("input_error", "median"),
+                                           cosine=("cosine", "mean"))  # fmt: skip
+        out.append(
+            {
+                "model": rev,
+                "setting": _setting(rev, method, int(k), int(span)),
+                "steps": f"{int(late.step.min()):,}–{int(late.step.max()):,}",
+                "stages": [
+                    {
+                        "stage": int(j),
+                        "kind": r.kind,
+                        "error": None if pd.isna(r.error) else float(r.error),
+                        "cosine": float(r.cosine),
+                    }
+                    for j, r in stages.iterrows()
+                ],  # fmt: skip
+            }
+        )
+    return out
 
 
 def transformers_context(frames: dict, profile: str) -> dict:
@@ -199,13 +267,12 @@ def transformers_context(frames: dict, profile: str) -> dict:
     frame = budget_frame(summary, results)
     for (dataset, rev), s in frame.groupby(["dataset", "model"], sort=False):
         metric = s.metric.iloc[0]
-        settings = list(dict.fromkeys((r.arch, r.method, r.k) for r in s.itertuples()))
-        settings.sort(key=lambda a: (a[0] != rev, a[1] != "backprop", a[1], a[2]))
+        settings = _variants(s, rev)
         budgets = []
         for minibatches, b in s.groupby("minibatches"):
             cells = {}
             for r in b.to_dict("records"):
-                cells[(r["arch"], r["method"], r["k"])] = {
+                cells[(r["arch"], r["method"], r["k"], r["span"])] = {
                     **_cell(r),
                     "gap": None if pd.isna(r["gap"]) else r["gap"],
                     "gap_err": r["gap_err"],
@@ -225,6 +292,7 @@ def transformers_context(frames: dict, profile: str) -> dict:
     context["goals"] = goals(frame)
     context["gap_split"] = where_the_gap_is(frame)
     context["memory"] = memory_rows(results)
+    context["drift"] = drift_rows(frames.get("fidelity", pd.DataFrame()))
     context["setting"] = describe_runs(results)
     return context
 
@@ -246,9 +314,8 @@ def transformers_figure(frames: dict, profile: str):
     fig, axes = plt.subplots(len(series), 2, figsize=(11, 3.8 * len(series)), squeeze=False)
     for row, ((dataset, rev), s) in zip(axes, series):
         metric = s.metric.iloc[0]
-        s = s.assign(setting=[_setting(a, m, k) for a, m, k in zip(s.arch, s.method, s.k)])
-        keys = sorted(set(zip(s.arch, s.method, s.k)), key=lambda a: (a[0] != rev, a[1] != "backprop", a[1], a[2]))
-        order = [_setting(*a) for a in keys]
+        s = s.assign(setting=[_setting(*a) for a in zip(s.arch, s.method, s.k, s.span)])
+        order = [_setting(*a) for a in _variants(s, rev)]
         colors = dict(zip(order, sns.color_palette(n_colors=len(order))))
         for setting in order:
             g = s[s.setting == setting].sort_values("minibatches")
@@ -268,7 +335,7 @@ def transformers_figure(frames: dict, profile: str):
         h = history[history.run_dir.isin(runs.run_dir)].dropna(subset=[metric]).copy()
         steps = dict(zip(runs.run_dir, runs.optimizer_steps * runs.k / runs.epochs_done))
         h["minibatches"] = h.epoch * [steps[d] for d in h.run_dir]
-        h["setting"] = [_setting(a, m, int(k)) for a, m, k in zip(h.arch, h.method, h.k)]
+        h["setting"] = [_setting(a, m, int(k), span) for a, m, k, span in zip(h.arch, h.method, h.k, spans(h))]
         sns.lineplot(
             data=h, x="minibatches", y=metric, hue="setting", hue_order=[o for o in order if o in set(h.setting)],
             palette=colors, errorbar="sd", marker="o", markersize=3, ax=row[1],
