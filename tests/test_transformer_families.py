@@ -288,8 +288,9 @@ def test_the_sample_input_sizes_the_model_on_the_meta_device(arch):
 
 @pytest.mark.slow
 def test_revgpt_on_two_ranks_under_torchrun_matches_the_simulator(tmp_path):
-    """Token ids into stage 0, (B, T) targets and (B, T, width) stream pairs over the wire: PETRA and
-    delayed gradients on 2 gloo ranks end with the simulator's weights bit for bit."""
+    """Token ids into stage 0, (B, T) targets and (B, T, width) stream pairs over the wire: PETRA,
+    delayed gradients and PETRA with rebuild span 1 (stage 1, on rank 0, keeps its input; stage 2,
+    on rank 1, rebuilds it) on 2 gloo ranks end with the simulator's weights bit for bit."""
     import subprocess
     import sys
 
@@ -300,7 +301,7 @@ def test_revgpt_on_two_ranks_under_torchrun_matches_the_simulator(tmp_path):
     argv = rank_argv(
         10,
         *("--arch", "revgpt", "--num-classes", str(VOCAB), "--width", "8", "--depth", "2", "--context", "6"),
-        *("--method", "petra,delayed", "--placement", "0-1,2-3", "--save", str(tmp_path / "{method}.pt")),
+        *("--method", "petra,delayed,petra+span1", "--placement", "0-1,2-3", "--save", str(tmp_path / "{method}.pt")),
     )
     cmd = [
         *(sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--node-rank=0", "--nproc-per-node=2"),
@@ -309,5 +310,5 @@ def test_revgpt_on_two_ranks_under_torchrun_matches_the_simulator(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=110)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "placement 0-1,2-3" in out.stdout
-    for method in ("petra", "delayed"):
+    for method in ("petra", "delayed", "petra+span1"):
         assert_bit_for_bit(torch.load(tmp_path / f"{method}.pt"), simulator_state(argv, method), method)

@@ -5,7 +5,7 @@ import torch
 from petra_core import Simulator
 from petra_core.replicas import get_rule
 
-from .ranks import demo_setup, parser
+from .ranks import demo_setup, method_of, parser
 
 
 def simulator_state(argv, method):
@@ -17,7 +17,7 @@ def simulator_state(argv, method):
         model, get_batch, recipe = demo_setup(args)
         Simulator(
             model,
-            method,
+            method_of(method),
             num_batches=args.steps,
             get_batch=get_batch,
             batch_size=args.batch,

@@ -99,7 +99,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=int, default=10, help="classes, or the vocabulary of a text arch")
     p.add_argument("--context", type=int, default=16, help="tokens per window (text archs)")
     p.add_argument("--depth", type=int, default=2, help="transformer blocks (text archs)")
-    p.add_argument("--method", default="petra", help="method, or several separated by commas (run in turn)")
+    p.add_argument(
+        "--method", default="petra", help="method (NAME+spanS: bounded rebuild chains), or several separated by commas"
+    )
     p.add_argument(
         "--aux-head",
         default=None,
@@ -232,6 +234,14 @@ def throughput(pipe: Pipeline, timings: list[Timings], batch: int, warmup: int) 
     return out
 
 
+def method_of(name: str):
+    """A method by name, ``NAME+spanS`` for its bounded rebuild chains (``Method.bounded``)."""
+    from petra_core.methods import get_method
+
+    base, _, span = name.partition("+span")
+    return get_method(base).bounded(int(span or 0))
+
+
 def build_pipeline(args, method: str, device: torch.device) -> Pipeline:
     """This rank's pipeline of the demo run (every rank builds the same spec in its own world)."""
     model, get_batch, recipe = demo_setup(args)
@@ -239,7 +249,7 @@ def build_pipeline(args, method: str, device: torch.device) -> Pipeline:
     return Pipeline.build(
         PipelineSpec(
             model=model,
-            method=method,
+            method=method_of(method),
             recipe=recipe,
             num_batches=args.steps,
             k=args.k,
