@@ -180,6 +180,7 @@ def test_fidelity_log_observes_without_changing_training(tmp_path):
     frame = pd.read_csv(tmp_path / "tracked" / "fidelity.csv")
     assert set(frame["stage"]) == set(range(10)) and (frame["cosine"] <= 1 + 1e-9).all()
     assert (frame.loc[frame["stage"] == 9, "cosine"] > 0.99).all()  # the head: only its input is stale
+    assert (frame["input_error"] >= 0).all() and (frame.loc[frame["stage"] == 9, "input_error"] == 0).all()
 
 
 def test_run_directory_of_another_config_is_refused(tmp_path):

@@ -16,13 +16,14 @@ the stages after j not yet.
 Cost per tracked group: about one forward of the network plus one backward down to stage j, per
 stage and minibatch; with ``every`` = a few hundred steps it is a few percent of training.
 
-**Rebuilt inputs.** Where a stage hands its input down with its backward message (the previous
-stage rebuilds from it: PETRA, reversible backprop), the tracker also compares that input with
-the one the stage received in the forward, for the tracked groups' minibatches: ``input_error``,
-‖x̂ − x‖ / ‖x‖ over both streams, the mean over the group (NaN where the stage hands none down).
-A stage that keeps its input hands down the exact value (0); a stage that rebuilds it hands down
-its inverse, with its current weights, of what the next stage handed down — the drift a run of
-reversible stages compounds (``methods/registry.py``, bounded rebuild chains).
+**Rebuilt inputs.** For the tracked groups' minibatches the tracker also measures how far the
+input a stage computes its gradient at is from the one it received in the forward: ``input_error``,
+‖x̂ − x‖ / ‖x‖ over both streams, the mean over the group. A stage that keeps its input or its
+graph computes at the exact input (0). A stage that rebuilds its input inverts, with its current
+weights, the value the next stage handed down — itself rebuilt, if that stage rebuilds too — so
+its error is the drift a run of reversible stages compounds (``methods/registry.py``, bounded
+rebuild chains). The tracker inverts the handed-down value itself, right before the stage's
+rebuild (the weights it rebuilds with), with running statistics frozen.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ class FidelityTracker(Observer):
             range(self._R) if self._R > 1 and isinstance(sim.rule, DataParallel) else (sim.workers[0].replica,)
         )
         self._received: dict[tuple[int, int], Tensor] = {}  # (stage, mb) -> its forward input, tracked groups
+        self._handed: dict[tuple[int, int], object] = {}  # (stage, mb) -> the value handed down to it
         self._input_errors: dict[tuple[int, int], list[float]] = {}  # (stage, group) -> rebuilt-input errors
         sim.observers.append(self)
 
@@ -113,19 +115,33 @@ class FidelityTracker(Observer):
             self._batches[mb] = batch
 
     def sent(self, worker, direction: str, msg) -> None:
-        """Keep a tracked minibatch's forward input of each stage; compare the input a stage hands down."""
+        """Keep a tracked minibatch's forward input of each stage, and the value handed down to it."""
         if id(worker) not in self._workers or not self._tracked(msg.mb // self.k):
             return
         if direction == "forward":
             self._received[worker.index + 1, msg.mb] = streams.join(msg.activation).detach().double()
-        elif getattr(msg, "activation", None) is not None and (worker.index, msg.mb) in self._received:
-            true = self._received.pop((worker.index, msg.mb))
-            got = streams.join(msg.activation).detach().double()
-            error = float((got - true).norm() / true.norm()) if float(true.norm()) > 0 else float("nan")
-            self._input_errors.setdefault((worker.index, msg.mb // self.k), []).append(error)
+        elif getattr(msg, "activation", None) is not None:
+            self._handed[worker.index - 1, msg.mb] = streams.apply(lambda t: t.detach().clone(), msg.activation)
+
+    def _rebuilt_input_error(self, worker, mb: int) -> float:
+        """0 for a stage that keeps its input or graph; the rebuild's error for one that inverts."""
+        true = self._received.pop((worker.index, mb), None)
+        handed = self._handed.pop((worker.index, mb), None)
+        if not worker.storage.needs_output_back or worker.storage.keeps:
+            return 0.0
+        if true is None or handed is None or float(true.norm()) == 0:
+            return float("nan")
+        with torch.no_grad(), frozen_running_stats(worker.stage):
+            got = streams.join(worker.stage.inverse(handed)).double()
+        return float((got - true).norm() / true.norm())
 
     def before(self, phase: str, worker, mb: int | None) -> None:
-        if phase != "step" or id(worker) not in self._workers:
+        if id(worker) not in self._workers:
+            return
+        if phase == "rebuild" and self._tracked(mb // self.k):
+            error = self._rebuilt_input_error(worker, mb)
+            self._input_errors.setdefault((worker.index, mb // self.k), []).append(error)
+        if phase != "step":
             return
         group = worker.steps
         if not self._tracked(group) or worker.pending == 0:
@@ -155,8 +171,9 @@ class FidelityTracker(Observer):
                 self._batches.pop(m, None)
             del self._done[group]
             own = range(group * self.k, (group + 1) * self.k)  # this replica's minibatches of the group
-            for key in [key for key in self._received if key[1] in own]:  # inputs no stage handed down
-                del self._received[key]
+            for kept in (self._received, self._handed):  # what no rebuild of the group asked for
+                for key in [key for key in kept if key[1] in own]:
+                    del kept[key]
 
     def detach(self) -> None:
         if self in self.sim.observers:
