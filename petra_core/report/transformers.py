@@ -229,8 +229,9 @@ def memory_rows(results: pd.DataFrame) -> list[dict]:
 
 def drift_rows(fidelity: pd.DataFrame) -> list[dict]:
     """Per reversible model and diagnostic run (a fidelity log): per stage, over the tracked steps
-    of the run's second half, the median error of the input the stage handed down (‖x̂ − x‖ / ‖x‖;
-    NaN where it hands none down) and the mean cosine of its stepped gradient with the true one."""
+    of the run's second half, the median error of the input the stage computed its gradient at
+    (‖x̂ − x‖ / ‖x‖: 0 where it keeps its input or graph) and the mean cosine of its stepped
+    gradient with the true one."""
     if fidelity.empty or "input_error" not in fidelity.columns:
         return []
     out = []
