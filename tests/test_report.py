@@ -1429,7 +1429,16 @@ def test_petras_gap_is_split_into_the_delays_share_and_its_own():
     ]
     frame = pd.DataFrame(
         [
-            {"model": "revgpt", "arch": a, "method": m, "k": k, "span": s, "minibatches": b, "gap": g}
+            {
+                "model": "revgpt",
+                "arch": a,
+                "method": m,
+                "k": k,
+                "span": s,
+                "minibatches": b,
+                "gap": g,
+                "metric": "test_loss",
+            }
             for a, m, k, s, b, g in rows
         ]
     )

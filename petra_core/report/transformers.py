@@ -193,6 +193,7 @@ def where_the_gap_is(frame: pd.DataFrame) -> list[dict]:
         out.append(
             {
                 "model": model_label(rev),
+                "unit": "nats/char" if petra.loc[at, "metric"] == "test_loss" else "points of top-1",
                 "minibatches": int(at),
                 "petra": petra.loc[at, "gap"],
                 "delay": delayed.loc[at, "gap"],
