@@ -114,10 +114,6 @@ class Method:
         """Do backward messages go from a stage to the previous one?"""
         return self.head.gradient_out
 
-    def storages(self, stages: Sequence) -> list[StoragePolicy]:
-        """A fresh policy for each stage's worker."""
-        return [policy() for policy in self.policies(stages)]
-
 
 METHODS: dict[str, Method] = {
     m.name: m

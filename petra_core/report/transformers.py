@@ -15,6 +15,7 @@ import math
 
 import pandas as pd
 
+from . import labels
 from .labels import DATASET_LABELS, METHOD_LABELS, describe_runs, model_label
 
 TWINS = {"revgpt": "gpt", "revvit": "vit"}  # a reversible model -> its non-reversible twin
@@ -35,19 +36,21 @@ def metric_of(rows: pd.DataFrame) -> str:
     return "test_loss" if bpc.notna().any() else "top1"
 
 
+def _number(frame: pd.DataFrame, key: str) -> pd.Series:
+    """A numeric run setting per row (``labels.setting``: the identity's column or ``cfg_<key>``), 0
+    where a run does not record it."""
+    return pd.to_numeric(labels.setting(frame, key), errors="coerce").fillna(0)
+
+
 def spans(frame: pd.DataFrame) -> pd.Series:
-    """Each row's ``rebuild_span`` (0, the paper's PETRA, where the profile does not vary it)."""
-    if "rebuild_span" not in frame.columns:
-        return pd.Series(0, index=frame.index, dtype=int)
-    return pd.to_numeric(frame["rebuild_span"], errors="coerce").fillna(0).astype(int)
+    """Each row's ``rebuild_span`` (0, the paper's PETRA, where a run does not record it)."""
+    return _number(frame, "rebuild_span").astype(int)
 
 
 def trained(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows of the study's training runs, without its diagnostic runs (``fidelity_every`` > 0:
     the same bits as the run without the tracker, kept for their fidelity logs)."""
-    if "fidelity_every" not in frame.columns:
-        return frame
-    return frame[pd.to_numeric(frame["fidelity_every"], errors="coerce").fillna(0) == 0]
+    return frame[_number(frame, "fidelity_every") == 0]
 
 
 def _spread(*stds) -> float:
