@@ -1,0 +1,135 @@
+"""Which stage's delay costs the character-level GPT what: the plain-PyTorch delayed-gradient
+reference (petra_core/methods/delayed_reference.py) with other delays than the pipeline's.
+
+    python benchmarks/delay_sensitivity.py              # every setting, 2 at a time (about 20 min on 2 cores)
+    python benchmarks/delay_sensitivity.py --only none pipeline
+
+The transformers profile's revgpt run at 1,250 minibatches, seed 0 (nanoGPT's CPU size on
+Shakespeare, batches of 12 windows of 64 characters, AdamW lr 1e-3, betas 0.9/0.99, weight decay
+0.1 on matrices, warm-up over 1/8, x0.1 at 5/8 and 7/8), trained with stage j's gradients applied
+``delays[j]`` minibatches late (revgpt's 6 stages: stem, 4 blocks, head). ``none`` is backprop and
+``pipeline`` (2(J-1-j)) the engine's ``delayed`` method, each the same training as the engine's
+(tests/test_delayed_reference.py), so their losses are the profile's records. Validation loss on
+the whole validation split, as the engine evaluates. Writes ``results/transformers/delays.csv``,
+which the transformers report renders (paper_tables/transformers.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from petra_core.data.text_stream import TextStream  # noqa: E402
+from petra_core.families import build  # noqa: E402
+from petra_core.methods.delayed_reference import train_delayed  # noqa: E402
+from petra_core.optim import Recipe  # noqa: E402
+from petra_core.run import runio  # noqa: E402
+from petra_core.run.evaluation import evaluate  # noqa: E402
+
+PIPELINE = (10, 8, 6, 4, 2, 0)  # revgpt's staleness 2(J-1-j), J = 6
+# name: (arch, delays, what it asks, options)
+SETTINGS: dict[str, tuple[str, tuple[int, ...], str, dict]] = {
+    "none": ("revgpt", (0,) * 6, "no delay (backprop)", {}),
+    "pipeline": ("revgpt", PIPELINE, "the pipeline's delays (the delayed method)", {}),
+    "half": ("revgpt", (5, 4, 3, 2, 1, 0), "half the pipeline's delays", {}),
+    "fifth": ("revgpt", (2, 2, 1, 1, 0, 0), "a fifth of them, rounded", {}),
+    "stem": ("revgpt", (10, 0, 0, 0, 0, 0), "the stem's delay only", {}),
+    "first-block": ("revgpt", (0, 8, 0, 0, 0, 0), "the first block's only", {}),
+    "last-block": ("revgpt", (0, 0, 0, 0, 2, 0), "the last block's only (2)", {}),
+    "blocks": ("revgpt", (0, 8, 6, 4, 2, 0), "the blocks' delays, stem and head on time", {}),
+    "predict": ("revgpt", PIPELINE, "the pipeline's, with linear weight prediction", {"predict": 1.0}),
+    "beta1-0": ("revgpt", PIPELINE, "the pipeline's, AdamW without momentum (beta1 = 0)", {"beta1": 0.0}),
+    "lr-3e-4": ("revgpt", PIPELINE, "the pipeline's at lr 3e-4", {"lr": 3e-4}),
+    "none-lr-3e-4": ("revgpt", (0,) * 6, "no delay at lr 3e-4", {"lr": 3e-4}),
+    "twin-none": ("gpt", (0,) * 6, "the non-reversible twin, no delay", {}),
+    "twin-pipeline": ("gpt", PIPELINE, "the twin, the pipeline's delays", {}),
+    "twin-last-block": ("gpt", (0, 0, 0, 0, 2, 0), "the twin, the last block's only (2)", {}),
+}
+BATCH, CONTEXT, WINDOWS, EPOCHS, SEED = 12, 64, 3000, 5, 0
+
+
+def recipe(options: dict) -> Recipe:
+    return Recipe(
+        base_lr=options.get("lr", 1e-3),
+        optimizer="adamw",
+        betas=(options.get("beta1", 0.9), 0.99),
+        weight_decay=0.1,
+        scale_lr=False,
+        warmup_epochs=0.625,
+        milestones=(3.125, 4.375),
+        gamma=0.1,
+    )
+
+
+def run(name: str, data_dir: str) -> dict:
+    arch, delays, question, options = SETTINGS[name]
+    torch.set_num_threads(1)
+    data = Path(data_dir)
+    train = TextStream(np.load(data / "train_tokens.npy"), BATCH, CONTEXT, seed=SEED, train=True, windows=WINDOWS)
+    test = TextStream(np.load(data / "test_tokens.npy"), 512, CONTEXT, seed=SEED, train=False)
+    torch.manual_seed(SEED)
+    vocab = runio.read_json(data / "manifest.json")["num_classes"]
+    model = build(arch, num_classes=vocab, context=CONTEXT, width=128, depth=4, heads=4)
+    per_epoch = train.num_batches
+    start = time.perf_counter()
+    losses = train_delayed(
+        model,
+        lambda m: train.batch(m // per_epoch, m % per_epoch),
+        per_epoch * EPOCHS,
+        list(delays),
+        recipe(options),
+        batch_size=BATCH,
+        batches_per_epoch=per_epoch,
+        predict=options.get("predict", 0.0),
+    )
+    seconds = time.perf_counter() - start
+    return {
+        "setting": name,
+        "arch": arch,
+        "delays": " ".join(map(str, delays)),
+        "question": question,
+        "minibatches": len(losses),
+        "train_loss_last_epoch": float(np.mean(losses[-per_epoch:])),
+        **evaluate(model, test),
+        "train_s": round(seconds, 1),
+    }
+
+
+def main(argv=None) -> pd.DataFrame:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", choices=list(SETTINGS), help="these settings (default: all)")
+    parser.add_argument("--jobs", type=int, default=2, help="settings trained at once, one thread each")
+    parser.add_argument("--data", default=str(ROOT / "data/prepared/shakespeare"), help="prepared Shakespeare")
+    parser.add_argument("--out", default=str(ROOT / "results/transformers/delays.csv"))
+    args = parser.parse_args(argv)
+    if not (Path(args.data) / "train_tokens.npy").exists():
+        parser.error(f"--data {args.data}: no prepared Shakespeare there; run: petra prepare shakespeare")
+    names = args.only or list(SETTINGS)
+    revision = runio.git_revision(
+        outputs=(str(Path(args.out).relative_to(ROOT)),) if Path(args.out).is_relative_to(ROOT) else ()
+    )
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(pool.map(run, names, [args.data] * len(names)))
+    for row in rows:
+        print(f"{row['setting']:>16}  delays {row['delays']:<12}  val {row['test_loss']:.4f}  ({row['train_s']:.0f} s)")
+    frame = pd.DataFrame(rows).assign(git_revision=revision, torch=torch.__version__)
+    out = Path(args.out)
+    if args.only and out.exists():  # keep the other settings' rows
+        frame = pd.concat([pd.read_csv(out).query("setting not in @names"), frame], ignore_index=True)
+    runio.write_text(out, frame.to_csv(index=False))
+    print(f"wrote {out}")
+    return frame
+
+
+if __name__ == "__main__":
+    main()
