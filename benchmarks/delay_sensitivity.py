@@ -10,7 +10,8 @@ Shakespeare, batches of 12 windows of 64 characters, AdamW lr 1e-3, betas 0.9/0.
 ``delays[j]`` minibatches late (revgpt's 6 stages: stem, 4 blocks, head). ``none`` is backprop and
 ``pipeline`` (2(J-1-j)) the engine's ``delayed`` method, each the same training as the engine's
 (tests/test_delayed_reference.py), so their losses are the profile's records. Validation loss on
-the whole validation split, as the engine evaluates. Writes ``results/transformers/delays.csv``,
+the whole validation split, as the engine evaluates; ``baseline``: the setting a row is compared with
+(the same model and recipe without delay). Writes ``results/transformers/delays.csv``,
 which the transformers report renders (paper_tables/transformers.md).
 """
 
@@ -37,23 +38,23 @@ from petra_core.run import runio  # noqa: E402
 from petra_core.run.evaluation import evaluate  # noqa: E402
 
 PIPELINE = (10, 8, 6, 4, 2, 0)  # revgpt's staleness 2(J-1-j), J = 6
-# name: (arch, delays, what it asks, options)
-SETTINGS: dict[str, tuple[str, tuple[int, ...], str, dict]] = {
-    "none": ("revgpt", (0,) * 6, "no delay (backprop)", {}),
-    "pipeline": ("revgpt", PIPELINE, "the pipeline's delays (the delayed method)", {}),
-    "half": ("revgpt", (5, 4, 3, 2, 1, 0), "half the pipeline's delays", {}),
-    "fifth": ("revgpt", (2, 2, 1, 1, 0, 0), "a fifth of them, rounded", {}),
-    "stem": ("revgpt", (10, 0, 0, 0, 0, 0), "the stem's delay only", {}),
-    "first-block": ("revgpt", (0, 8, 0, 0, 0, 0), "the first block's only", {}),
-    "last-block": ("revgpt", (0, 0, 0, 0, 2, 0), "the last block's only (2)", {}),
-    "blocks": ("revgpt", (0, 8, 6, 4, 2, 0), "the blocks' delays, stem and head on time", {}),
-    "predict": ("revgpt", PIPELINE, "the pipeline's, with linear weight prediction", {"predict": 1.0}),
-    "beta1-0": ("revgpt", PIPELINE, "the pipeline's, AdamW without momentum (beta1 = 0)", {"beta1": 0.0}),
-    "lr-3e-4": ("revgpt", PIPELINE, "the pipeline's at lr 3e-4", {"lr": 3e-4}),
-    "none-lr-3e-4": ("revgpt", (0,) * 6, "no delay at lr 3e-4", {"lr": 3e-4}),
-    "twin-none": ("gpt", (0,) * 6, "the non-reversible twin, no delay", {}),
-    "twin-pipeline": ("gpt", PIPELINE, "the twin, the pipeline's delays", {}),
-    "twin-last-block": ("gpt", (0, 0, 0, 0, 2, 0), "the twin, the last block's only (2)", {}),
+# name: (arch, delays, what it asks, options, the setting it is compared with)
+SETTINGS: dict[str, tuple[str, tuple[int, ...], str, dict, str]] = {
+    "none": ("revgpt", (0,) * 6, "no delay (backprop)", {}, ""),
+    "pipeline": ("revgpt", PIPELINE, "the pipeline's delays (the delayed method)", {}, "none"),
+    "half": ("revgpt", (5, 4, 3, 2, 1, 0), "half the pipeline's delays", {}, "none"),
+    "fifth": ("revgpt", (2, 2, 1, 1, 0, 0), "a fifth of them, rounded", {}, "none"),
+    "stem": ("revgpt", (10, 0, 0, 0, 0, 0), "the stem's delay only", {}, "none"),
+    "first-block": ("revgpt", (0, 8, 0, 0, 0, 0), "the first block's only", {}, "none"),
+    "last-block": ("revgpt", (0, 0, 0, 0, 2, 0), "the last block's only", {}, "none"),
+    "blocks": ("revgpt", (0, 8, 6, 4, 2, 0), "the blocks' delays, stem and head on time", {}, "none"),
+    "predict": ("revgpt", PIPELINE, "the pipeline's, with linear weight prediction", {"predict": 1.0}, "none"),
+    "beta1-0": ("revgpt", PIPELINE, "the pipeline's, AdamW without momentum (beta1 = 0)", {"beta1": 0.0}, "none"),
+    "lr-3e-4": ("revgpt", PIPELINE, "the pipeline's at lr 3e-4", {"lr": 3e-4}, "none-lr-3e-4"),
+    "none-lr-3e-4": ("revgpt", (0,) * 6, "no delay at lr 3e-4", {"lr": 3e-4}, "none"),
+    "twin-none": ("gpt", (0,) * 6, "the non-reversible twin, no delay", {}, "none"),
+    "twin-pipeline": ("gpt", PIPELINE, "the twin, the pipeline's delays", {}, "twin-none"),
+    "twin-last-block": ("gpt", (0, 0, 0, 0, 2, 0), "the twin, the last block's only", {}, "twin-none"),
 }
 BATCH, CONTEXT, WINDOWS, EPOCHS, SEED = 12, 64, 3000, 5, 0
 
@@ -72,7 +73,7 @@ def recipe(options: dict) -> Recipe:
 
 
 def run(name: str, data_dir: str) -> dict:
-    arch, delays, question, options = SETTINGS[name]
+    arch, delays, question, options, baseline = SETTINGS[name]
     torch.set_num_threads(1)
     data = Path(data_dir)
     train = TextStream(np.load(data / "train_tokens.npy"), BATCH, CONTEXT, seed=SEED, train=True, windows=WINDOWS)
@@ -98,6 +99,10 @@ def run(name: str, data_dir: str) -> dict:
         "arch": arch,
         "delays": " ".join(map(str, delays)),
         "question": question,
+        "baseline": baseline,
+        "lr": options.get("lr", 1e-3),
+        "beta1": options.get("beta1", 0.9),
+        "predict": options.get("predict", 0.0),
         "minibatches": len(losses),
         "train_loss_last_epoch": float(np.mean(losses[-per_epoch:])),
         **evaluate(model, test),
