@@ -269,7 +269,8 @@ def test_a_width_in_a_column_with_missing_widths_names_its_metrics_file_as_an_in
 
 def test_results_written_and_read_back(fake):
     back = results.load(fake["results_dir"])
-    assert set(back) == {"results", "history", "memory", "fidelity", "summary"}
+    assert set(back) == {"results", "history", "memory", "fidelity", "summary", "delays"}
+    assert back["delays"].empty  # a study's own table, absent here
     assert len(back["results"]) == 4 and len(back["summary"]) == 3
     metrics = sorted((fake["results_dir"] / "metrics").glob("*.json"))  # DVC's: a file (a row) per group
     assert len(metrics) == len(back["summary"]) and set(json.loads(metrics[0].read_text())) <= {
@@ -1413,6 +1414,40 @@ def test_the_drift_table_reads_each_stages_handed_down_input_and_cosine_from_the
     assert stem["error"] is None and block["error"] == pytest.approx(6.25) and head["error"] == 0.0
     assert bounded["stages"][1]["error"] == pytest.approx(12.5) and block["cosine"] == pytest.approx(0.6)
     assert drift_rows(pd.DataFrame(rows).drop(columns="input_error")) == []  # a log from before the column
+
+
+def test_the_delay_table_costs_each_setting_against_its_own_baseline_and_renders(tf_runs, tmp_path):
+    """benchmarks/delay_sensitivity.py's rows: each costed against the row it names (same model and
+    recipe without delay), none for a baseline; read by results.load from the results folder
+    when present (empty when not), and rendered under the transformers study."""
+    from petra_core.report import results as results_mod
+    from petra_core.report.tables import render
+    from petra_core.report.transformers import delay_rows, transformers_context
+
+    rows = pd.DataFrame(
+        [
+            dict(setting="none", arch="revgpt", delays="0 0 0", question="no delay", baseline=float("nan"),
+                 test_loss=2.2, minibatches=1250, git_revision="abcdef0123"),
+            dict(setting="pipeline", arch="revgpt", delays="4 2 0", question="the pipeline's", baseline="none",
+                 test_loss=2.5, minibatches=1250, git_revision="abcdef0123"),
+            dict(setting="twin-none", arch="gpt", delays="0 0 0", question="twin", baseline="none",
+                 test_loss=2.1, minibatches=1250, git_revision="abcdef0123"),
+            dict(setting="twin-pipeline", arch="gpt", delays="4 2 0", question="twin delayed",
+                 baseline="twin-none", test_loss=2.45, minibatches=1250, git_revision="abcdef0123"),
+        ]
+    )  # fmt: skip
+    none, pipeline, twin, twin_delayed = delay_rows(rows)
+    assert none["cost"] is None and pipeline["cost"] == pytest.approx(0.3)
+    assert twin["cost"] == pytest.approx(-0.1) and twin_delayed["cost"] == pytest.approx(0.35)
+    assert delay_rows(pd.DataFrame()) == []
+    for name in (*results_mod.FRAMES, "summary"):
+        pd.DataFrame({"run": ["a"]}).to_csv(tmp_path / f"{name}.csv", index=False)
+    assert results_mod.load(tmp_path)["delays"].empty
+    rows.to_csv(tmp_path / "delays.csv", index=False)
+    assert list(results_mod.load(tmp_path)["delays"].setting) == ["none", "pipeline", "twin-none", "twin-pipeline"]
+    md = render("transformers", "md", transformers_context({**tf_runs, "delays": rows}, "faketf"))
+    assert "| the pipeline's | revgpt | 4 2 0 | 2.500 | +0.300 |" in md, md
+    assert "| no delay | revgpt | 0 0 0 | 2.200 | – |" in md and "at abcdef0" in md
 
 
 def test_petras_gap_is_split_into_the_delays_share_and_its_own():

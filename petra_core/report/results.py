@@ -72,6 +72,9 @@ SUMMARY_METRICS = [
 ENV = ["git_revision", "torch", "device", "processor", "cpu_count", "torch_threads", "gpus"]
 FRAMES = ("results", "history", "memory", "fidelity")
 RESULT_FILES = (*(f"{name}.csv" for name in FRAMES), "summary.csv")
+# studies' own tables beside the runs', read when present (not written by ``petra results``):
+# ``delays``, benchmarks/delay_sensitivity.py's (the transformers study)
+EXTRA_FRAMES = ("delays",)
 METRICS_DIR = runio.METRICS_DIR  # DVC metrics: one GROUP.json per summary row
 
 
@@ -323,7 +326,8 @@ def write(frames: dict[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:
 
 
 def load(results_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """The tables written by :func:`write` (empty CSVs read as empty frames)."""
+    """The tables written by :func:`write` (empty CSVs read as empty frames), and the
+    :data:`EXTRA_FRAMES` found there (absent: empty frames)."""
     results_dir = Path(results_dir)
     frames = {}
     for name in (*FRAMES, "summary"):
@@ -337,4 +341,7 @@ def load(results_dir: str | Path) -> dict[str, pd.DataFrame]:
             frames[name] = pd.read_csv(path)
         except pd.errors.EmptyDataError:
             frames[name] = pd.DataFrame()
+    for name in EXTRA_FRAMES:
+        path = results_dir / f"{name}.csv"
+        frames[name] = pd.read_csv(path) if path.exists() else pd.DataFrame()
     return frames

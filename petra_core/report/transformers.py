@@ -264,6 +264,33 @@ def drift_rows(fidelity: pd.DataFrame) -> list[dict]:
     return out
 
 
+def delay_rows(delays: pd.DataFrame) -> list[dict]:
+    """benchmarks/delay_sensitivity.py's settings (the plain-PyTorch delayed-gradient reference, a
+    delay per stage), each with its validation loss and its cost against its baseline (the same
+    model and recipe without delay), in the study's order."""
+    if delays.empty:
+        return []
+    by_name = delays.set_index("setting")
+    out = []
+    for r in delays.to_dict("records"):
+        base = r.get("baseline")
+        has_base = isinstance(base, str) and base in by_name.index
+        out.append(
+            {
+                "setting": r["setting"],
+                "arch": r["arch"],
+                "question": r["question"],
+                "delays": r["delays"],
+                "loss": float(r["test_loss"]),
+                "cost": float(r["test_loss"] - by_name.loc[base, "test_loss"]) if has_base else None,
+                "baseline": base if has_base else None,
+                "minibatches": int(r["minibatches"]),
+                "revision": str(r["git_revision"])[:7],
+            }
+        )
+    return out
+
+
 def transformers_context(frames: dict, profile: str) -> dict:
     summary, results = frames["summary"], frames["results"]
     context = {"profile": profile, "gathered": not summary.empty, "applies": applies(summary), "series": []}
@@ -298,6 +325,7 @@ def transformers_context(frames: dict, profile: str) -> dict:
     context["gap_split"] = where_the_gap_is(frame)
     context["memory"] = memory_rows(results)
     context["drift"] = drift_rows(frames.get("fidelity", pd.DataFrame()))
+    context["delays"] = delay_rows(frames.get("delays", pd.DataFrame()))
     context["setting"] = describe_runs(results)
     return context
 
