@@ -1446,8 +1446,11 @@ def test_the_delay_table_costs_each_setting_against_its_own_baseline_and_renders
     rows.to_csv(tmp_path / "delays.csv", index=False)
     assert list(results_mod.load(tmp_path)["delays"].setting) == ["none", "pipeline", "twin-none", "twin-pipeline"]
     md = render("transformers", "md", transformers_context({**tf_runs, "delays": rows}, "faketf"))
-    assert "| the pipeline's | revgpt | 4 2 0 | 2.500 | +0.300 |" in md, md
-    assert "| no delay | revgpt | 0 0 0 | 2.200 | – |" in md and "at abcdef0" in md
+    assert "| the pipeline's | revgpt | 4 2 0 | 2.500 | +0.300 | no delay |" in md, md
+    assert "| no delay | revgpt | 0 0 0 | 2.200 | – | – |" in md and "at abcdef0" in md
+    assert not any(d["other_recipe"] for d in delay_rows(rows))
+    slower = rows.assign(lr=[1e-3, 1e-3, 3e-4, 3e-4])  # the twin's rows at another lr: the twin-none row differs
+    assert [d["other_recipe"] for d in delay_rows(slower)] == [False, False, True, False]
 
 
 def test_petras_gap_is_split_into_the_delays_share_and_its_own():

@@ -266,8 +266,9 @@ def drift_rows(fidelity: pd.DataFrame) -> list[dict]:
 
 def delay_rows(delays: pd.DataFrame) -> list[dict]:
     """benchmarks/delay_sensitivity.py's settings (the plain-PyTorch delayed-gradient reference, a
-    delay per stage), each with its validation loss and its cost against its baseline (the same
-    model and recipe without delay), in the study's order."""
+    delay per stage), each with its validation loss and its cost against the setting it names as
+    its baseline (the same model and recipe without delay, or for a recipe's own no-delay row the
+    study's backprop), in the study's order."""
     if delays.empty:
         return []
     by_name = delays.set_index("setting")
@@ -283,7 +284,10 @@ def delay_rows(delays: pd.DataFrame) -> list[dict]:
                 "delays": r["delays"],
                 "loss": float(r["test_loss"]),
                 "cost": float(r["test_loss"] - by_name.loc[base, "test_loss"]) if has_base else None,
-                "baseline": base if has_base else None,
+                "against": by_name.loc[base, "question"] if has_base else None,
+                # a baseline with another recipe (lr 3e-4 without delay against backprop's lr 1e-3)
+                "other_recipe": has_base
+                and any(k in r and r[k] != by_name.loc[base, k] for k in ("lr", "beta1", "predict")),
                 "minibatches": int(r["minibatches"]),
                 "revision": str(r["git_revision"])[:7],
             }
