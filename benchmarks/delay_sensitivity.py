@@ -6,7 +6,8 @@ reference (petra_core/methods/delayed_reference.py) with other delays than the p
 
 The transformers profile's revgpt run at 1,250 minibatches, seed 0 (nanoGPT's CPU size on
 Shakespeare, batches of 12 windows of 64 characters, AdamW lr 1e-3, betas 0.9/0.99, weight decay
-0.1 on matrices, warm-up over 1/8, x0.1 at 5/8 and 7/8), trained with stage j's gradients applied
+0.1 on matrices, warm-up over 1/8, x0.1 at 5/8 and 7/8; the ``muon`` settings: Muon on the blocks'
+matrices), trained with stage j's gradients applied
 ``delays[j]`` minibatches late (revgpt's 6 stages: stem, 4 blocks, head). ``none`` is backprop and
 ``pipeline`` (2(J-1-j)) the engine's ``delayed`` method, each the same training as the engine's
 (tests/test_delayed_reference.py), so their losses are the profile's records. Validation loss on
@@ -33,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from petra_core.data.text_stream import TextStream  # noqa: E402
 from petra_core.families import build  # noqa: E402
 from petra_core.methods.delayed_reference import train_delayed  # noqa: E402
-from petra_core.optim import Recipe  # noqa: E402
+from petra_core.optim import Recipe, make_optimizer, make_schedule  # noqa: E402
 from petra_core.run import runio  # noqa: E402
 from petra_core.run.evaluation import evaluate  # noqa: E402
 
@@ -55,6 +56,8 @@ SETTINGS: dict[str, tuple[str, tuple[int, ...], str, dict, str]] = {
     "twin-none": ("gpt", (0,) * 6, "the non-reversible twin, no delay", {}, "none"),
     "twin-pipeline": ("gpt", PIPELINE, "the twin, the pipeline's delays", {}, "twin-none"),
     "twin-last-block": ("gpt", (0, 0, 0, 0, 2, 0), "the twin, the last block's only", {}, "twin-none"),
+    "muon-none": ("revgpt", (0,) * 6, "no delay, Muon on the blocks' matrices", {"muon": True}, "none"),
+    "muon-pipeline": ("revgpt", PIPELINE, "the pipeline's, Muon on the blocks' matrices", {"muon": True}, "muon-none"),
 }
 BATCH, CONTEXT, WINDOWS, EPOCHS, SEED = 12, 64, 3000, 5, 0
 
@@ -70,6 +73,28 @@ def recipe(options: dict) -> Recipe:
         milestones=(3.125, 4.375),
         gamma=0.1,
     )
+
+
+def muon_on_the_blocks(recipe: Recipe, batch_size: int):
+    """Muon (torch.optim.Muon, its AdamW-matching lr scale, so AdamW's lr and weight decay carry
+    over) on the 2-D weights of the block stages, AdamW on the rest (embeddings, head, norms,
+    biases), as Muon is meant to be used; both on the recipe's schedule."""
+
+    def optimizers_for(j, stage, steps_per_epoch):
+        named = list(stage.named_parameters())
+        matrices = [p for _, p in named if p.ndim == 2] if stage.kind not in ("S", "H") else []
+        rest = [(n, p) for n, p in named if not any(p is m for m in matrices)]
+        pairs = [
+            make_optimizer(stage, recipe, batch_size=batch_size, k=1, steps_per_epoch=steps_per_epoch, params=rest)
+        ]
+        if matrices:
+            muon = torch.optim.Muon(
+                matrices, lr=recipe.base_lr, weight_decay=recipe.weight_decay, adjust_lr_fn="match_rms_adamw"
+            )
+            pairs.append((muon, make_schedule(muon, recipe, k=1, steps_per_epoch=steps_per_epoch)))
+        return pairs
+
+    return optimizers_for
 
 
 def run(name: str, data_dir: str) -> dict:
@@ -92,6 +117,7 @@ def run(name: str, data_dir: str) -> dict:
         batch_size=BATCH,
         batches_per_epoch=per_epoch,
         predict=options.get("predict", 0.0),
+        optimizers_for=muon_on_the_blocks(recipe(options), BATCH) if options.get("muon") else None,
     )
     seconds = time.perf_counter() - start
     return {
@@ -103,6 +129,7 @@ def run(name: str, data_dir: str) -> dict:
         "lr": options.get("lr", 1e-3),
         "beta1": options.get("beta1", 0.9),
         "predict": options.get("predict", 0.0),
+        "optimizer": "muon+adamw" if options.get("muon") else "adamw",
         "minibatches": len(losses),
         "train_loss_last_epoch": float(np.mean(losses[-per_epoch:])),
         **evaluate(model, test),

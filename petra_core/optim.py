@@ -166,12 +166,15 @@ def make_optimizer(
     k: int,
     steps_per_epoch: float,
     call_of_step: Callable[[int], int] | None = None,
+    params: Iterable[tuple[str, nn.Parameter]] | None = None,
 ) -> tuple[torch.optim.Optimizer, LRScheduler | CallWarmup]:
     """The optimizer (SGD or AdamW) + schedule for one stage. ``steps_per_epoch`` counts optimizer
     steps (minibatches / k); ``call_of_step`` (``warmup_clock="call"`` only): the call (minibatch
-    entering the pipeline, 0-based) of each of the stage's steps."""
+    entering the pipeline, 0-based) of each of the stage's steps; ``params``: the named parameters
+    it updates (default: all of ``module``'s)."""
     lr = recipe.lr(batch_size, k)
-    groups = param_groups(module.named_parameters(), recipe.weight_decay, decay_1d=recipe.decay_1d)
+    named = module.named_parameters() if params is None else params
+    groups = param_groups(named, recipe.weight_decay, decay_1d=recipe.decay_1d)
     if not groups:  # a stage without parameters (never happens for our models, but stay total)
         groups = [{"params": [nn.Parameter(torch.zeros(0))], "weight_decay": 0.0}]
     if recipe.optimizer == "adamw":
@@ -180,17 +183,29 @@ def make_optimizer(
         opt = OPTIMIZERS["sgd"].build(
             groups, lr=lr, momentum=recipe.momentum, nesterov=recipe.nesterov and recipe.momentum > 0
         )
+    return opt, make_schedule(opt, recipe, k=k, steps_per_epoch=steps_per_epoch, call_of_step=call_of_step)
+
+
+def make_schedule(
+    opt: torch.optim.Optimizer,
+    recipe: Recipe,
+    *,
+    k: int,
+    steps_per_epoch: float,
+    call_of_step: Callable[[int], int] | None = None,
+) -> LRScheduler | CallWarmup:
+    """The recipe's learning-rate schedule on ``opt`` (warm-up, then ×gamma at the milestones; the
+    module docstring): what :func:`make_optimizer` gives each stage's optimizer, for any other
+    torch optimizer too (benchmarks/delay_sensitivity.py's Muon)."""
     milestones = sorted(round(m * steps_per_epoch) for m in recipe.milestones)
     if recipe.warmup_clock == "call":
         if call_of_step is None:
             raise ValueError("warmup_clock='call' needs call_of_step (the call of each of the stage's steps)")
         calls = round(recipe.warmup_epochs * steps_per_epoch * k)  # an epoch's minibatches
-        return opt, CallWarmup(
-            opt, warmup_calls=calls, milestones=milestones, gamma=recipe.gamma, call_of_step=call_of_step
-        )
+        return CallWarmup(opt, warmup_calls=calls, milestones=milestones, gamma=recipe.gamma, call_of_step=call_of_step)
     schedulers: list[LRScheduler] = []
     warmup = round(recipe.warmup_epochs * steps_per_epoch)
     if warmup > 1:  # lr(s) = peak · (s + 1) / warmup for s < warmup
         schedulers.append(LinearLR(opt, start_factor=1.0 / warmup, end_factor=1.0, total_iters=warmup - 1))
     schedulers.append(MultiStepLR(opt, milestones=milestones, gamma=recipe.gamma))
-    return opt, ChainedScheduler(schedulers, optimizer=opt)
+    return ChainedScheduler(schedulers, optimizer=opt)

@@ -72,3 +72,36 @@ def test_bad_delays_are_refused_in_one_line(delays):
     with pytest.raises(ValueError, match=r"delays=.*expected \d+ non-negative integers") as err:
         train_delayed(model, lambda m: None, 1, delays, ADAMW, batch_size=1)
     assert "\n" not in str(err.value)
+
+
+def test_optimizers_for_steps_every_optimizer_of_a_stage_on_the_recipes_schedule():
+    """A stage may be stepped by several optimizers (the benchmark's Muon on the blocks' matrices,
+    AdamW on the rest): each moves only its own parameters, each on the recipe's schedule
+    (``make_schedule`` gives a separately built optimizer the lrs ``make_optimizer`` gives its own)."""
+    from petra_core.optim import make_optimizer, make_schedule
+
+    n = 6
+    data = batches("revgpt", n)
+    model = tiny("revgpt")
+    plain = copy.deepcopy(model)
+    seen = {}
+
+    def optimizers_for(j, stage, steps_per_epoch):
+        named = list(stage.named_parameters())
+        matrices = [p for _, p in named if p.ndim == 2]
+        rest = [(name, p) for name, p in named if p.ndim != 2]
+        first = make_optimizer(stage, ADAMW, batch_size=3, k=1, steps_per_epoch=steps_per_epoch, params=rest)
+        sgd = torch.optim.SGD(matrices, lr=ADAMW.base_lr)
+        seen[j] = (first, (sgd, make_schedule(sgd, ADAMW, k=1, steps_per_epoch=steps_per_epoch)))
+        return list(seen[j])
+
+    J = len(model)
+    train_delayed(model, data.__getitem__, n, [0] * J, ADAMW, batch_size=3, optimizers_for=optimizers_for)
+    train_delayed(plain, data.__getitem__, n, [0] * J, ADAMW, batch_size=3)
+    for (opt, _), (sgd, _) in seen.values():
+        assert {id(p) for g in opt.param_groups for p in g["params"]}.isdisjoint(
+            id(p) for p in sgd.param_groups[0]["params"]
+        )
+        assert [g["lr"] for g in opt.param_groups][0] == sgd.param_groups[0]["lr"]  # the same point of the schedule
+    moved = [not torch.equal(p, q) for p, q in zip(model.parameters(), plain.parameters())]
+    assert any(moved)  # SGD on the matrices is not AdamW's training

@@ -10,7 +10,8 @@ end, apply what is left in order (the drain). With ``delays = [staleness(j)]`` t
 ``delayed`` run to rounding (tests/test_delayed_reference.py, float64); with other delays it asks
 what the engine cannot: which stage's delay costs what (``benchmarks/delay_sensitivity.py``).
 
-Each stage gets the engine's optimizer and schedule (:func:`petra_core.optim.make_optimizer`).
+Each stage gets the engine's optimizer and schedule (:func:`petra_core.optim.make_optimizer`), or
+the ones ``optimizers_for`` builds (the benchmark's Muon on the blocks' matrices).
 ``predict`` adds linear weight prediction (PipeMare, XPipe): each stage's forward and backward run
 at w + predict · delay · Δw, Δw its last update, the weights it will hold when the gradient lands.
 """
@@ -21,6 +22,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 import torch
+from torch import nn
 
 from ..models.staged import StagedModel
 from ..optim import Recipe, make_optimizer
@@ -38,25 +40,28 @@ def train_delayed(
     batch_size: int,
     batches_per_epoch: float | None = None,
     predict: float = 0.0,
+    optimizers_for: Callable[[int, nn.Module, float], list[tuple]] | None = None,
 ) -> list[float]:
     """Train ``model`` in place on minibatches ``get_batch(0..num_batches-1)``, stage j's gradients
-    applied ``delays[j]`` minibatches late; return each minibatch's loss."""
+    applied ``delays[j]`` minibatches late; return each minibatch's loss. ``optimizers_for(j,
+    stage, steps_per_epoch)``: the (optimizer, schedule) pairs that step stage j (default: the
+    engine's one, :func:`~petra_core.optim.make_optimizer` with ``recipe``)."""
     if len(delays) != len(model) or any(not isinstance(d, int) or d < 0 for d in delays):
         raise ValueError(f"delays={list(delays)!r}; expected {len(model)} non-negative integers, one per stage")
     steps_per_epoch = batches_per_epoch or max(num_batches, 1)
-    optimizers = [
-        make_optimizer(stage, recipe, batch_size=batch_size, k=1, steps_per_epoch=steps_per_epoch) for stage in model
-    ]
+    build = optimizers_for or engines_optimizer(recipe, batch_size)
+    optimizers = [build(j, stage, steps_per_epoch) for j, stage in enumerate(model)]
     queues: list[deque] = [deque() for _ in model]
     last = [[torch.zeros_like(p) for p in stage.parameters()] for stage in model]
 
     def step(j: int) -> None:
-        stage, (opt, sched) = model[j], optimizers[j]
+        stage = model[j]
         for p, g in zip(stage.parameters(), queues[j].popleft()):
             p.grad = g
         before = [p.detach().clone() for p in stage.parameters()] if predict else None
-        opt.step()
-        sched.step()
+        for opt, sched in optimizers[j]:
+            opt.step()
+            sched.step()
         if predict:
             last[j] = [p.detach() - b for p, b in zip(stage.parameters(), before)]
 
@@ -78,6 +83,15 @@ def train_delayed(
         while queues[j]:
             step(j)
     return losses
+
+
+def engines_optimizer(recipe: Recipe, batch_size: int):
+    """The default ``optimizers_for``: each stage's optimizer and schedule as the engine builds them."""
+
+    def optimizers_for(j: int, stage: nn.Module, steps_per_epoch: float) -> list[tuple]:
+        return [make_optimizer(stage, recipe, batch_size=batch_size, k=1, steps_per_epoch=steps_per_epoch)]
+
+    return optimizers_for
 
 
 @torch.no_grad()
