@@ -1447,7 +1447,10 @@ def test_the_delay_table_costs_each_setting_against_its_own_baseline_and_renders
     assert list(results_mod.load(tmp_path)["delays"].setting) == ["none", "pipeline", "twin-none", "twin-pipeline"]
     md = render("transformers", "md", transformers_context({**tf_runs, "delays": rows}, "faketf"))
     assert "| the pipeline's | revgpt | 4 2 0 | 2.500 | +0.300 | no delay |" in md, md
-    assert "| no delay | revgpt | 0 0 0 | 2.200 | – | – |" in md and "at abcdef0" in md
+    assert "| no delay | revgpt | 0 0 0 | 2.200 | – | – |" in md and "at abcdef0):" in md
+    later = rows.assign(git_revision=["abcdef0123", "abcdef0123", "1234567890", "abcdef0123"])
+    md = render("transformers", "md", transformers_context({**tf_runs, "delays": later}, "faketf"))
+    assert "at abcdef0, 1234567):" in md  # every revision the rows were measured at
     assert not any(d["other_recipe"] for d in delay_rows(rows))
     slower = rows.assign(lr=[1e-3, 1e-3, 3e-4, 3e-4])  # the twin's rows at another lr: the twin-none row differs
     assert [d["other_recipe"] for d in delay_rows(slower)] == [False, False, True, False]
