@@ -7,7 +7,8 @@ reference (petra_core/methods/delayed_reference.py) with other delays than the p
 The transformers profile's revgpt run at 1,250 minibatches, seed 0 (nanoGPT's CPU size on
 Shakespeare, batches of 12 windows of 64 characters, AdamW lr 1e-3, betas 0.9/0.99, weight decay
 0.1 on matrices, warm-up over 1/8, x0.1 at 5/8 and 7/8; the ``muon`` settings: Muon on the blocks'
-matrices), trained with stage j's gradients applied
+matrices; ``branch``: only that branch's parameters wait, the rest of a block steps on time),
+trained with stage j's gradients applied
 ``delays[j]`` minibatches late (revgpt's 6 stages: stem, 4 blocks, head). ``none`` is backprop and
 ``pipeline`` (2(J-1-j)) the engine's ``delayed`` method, each the same training as the engine's
 (tests/test_delayed_reference.py), so their losses are the profile's records. Validation loss on
@@ -58,7 +59,18 @@ SETTINGS: dict[str, tuple[str, tuple[int, ...], str, dict, str]] = {
     "twin-last-block": ("gpt", (0, 0, 0, 0, 2, 0), "the twin, the last block's only", {}, "twin-none"),
     "muon-none": ("revgpt", (0,) * 6, "no delay, Muon on the blocks' matrices", {"muon": True}, "none"),
     "muon-pipeline": ("revgpt", PIPELINE, "the pipeline's, Muon on the blocks' matrices", {"muon": True}, "muon-none"),
+    "attention": (
+        "revgpt",
+        PIPELINE,
+        "the pipeline's on attention (F) only, the MLPs on time",
+        {"branch": "F"},
+        "none",
+    ),
+    "mlp": ("revgpt", PIPELINE, "the pipeline's on the MLPs (G) only, attention on time", {"branch": "G"}, "none"),
+    "last-attention": ("revgpt", (0, 0, 0, 0, 2, 0), "the last block's attention only", {"branch": "F"}, "none"),
+    "last-mlp": ("revgpt", (0, 0, 0, 0, 2, 0), "the last block's MLP only", {"branch": "G"}, "none"),
 }
+BRANCHES = {"F": "attention", "G": "mlp"}  # a reversible block's two branches (models/transformer.py)
 BATCH, CONTEXT, WINDOWS, EPOCHS, SEED = 12, 64, 3000, 5, 0
 
 
@@ -97,6 +109,11 @@ def muon_on_the_blocks(recipe: Recipe, batch_size: int):
     return optimizers_for
 
 
+def in_branch(branch: str):
+    """The parameters of a block's ``branch`` (F: attention, G: MLP), by name within a stage."""
+    return lambda name: f".{branch}." in f".{name}"
+
+
 def run(name: str, data_dir: str) -> dict:
     arch, delays, question, options, baseline = SETTINGS[name]
     torch.set_num_threads(1)
@@ -118,6 +135,7 @@ def run(name: str, data_dir: str) -> dict:
         batches_per_epoch=per_epoch,
         predict=options.get("predict", 0.0),
         optimizers_for=muon_on_the_blocks(recipe(options), BATCH) if options.get("muon") else None,
+        delayed=in_branch(options["branch"]) if "branch" in options else None,
     )
     seconds = time.perf_counter() - start
     return {
@@ -130,6 +148,7 @@ def run(name: str, data_dir: str) -> dict:
         "beta1": options.get("beta1", 0.9),
         "predict": options.get("predict", 0.0),
         "optimizer": "muon+adamw" if options.get("muon") else "adamw",
+        "delayed_params": BRANCHES.get(options.get("branch"), "all"),
         "minibatches": len(losses),
         "train_loss_last_epoch": float(np.mean(losses[-per_epoch:])),
         **evaluate(model, test),

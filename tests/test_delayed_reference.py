@@ -105,3 +105,28 @@ def test_optimizers_for_steps_every_optimizer_of_a_stage_on_the_recipes_schedule
         assert [g["lr"] for g in opt.param_groups][0] == sgd.param_groups[0]["lr"]  # the same point of the schedule
     moved = [not torch.equal(p, q) for p, q in zip(model.parameters(), plain.parameters())]
     assert any(moved)  # SGD on the matrices is not AdamW's training
+
+
+def test_delaying_some_of_a_stages_parameters():
+    """``delayed`` picks which parameters wait their stage's delay: all of them is the stage-wise
+    reference bit for bit, none of them is no delay bit for bit, and the attention branch alone is
+    neither (the other parameters step on time, from the first minibatch)."""
+    n = 8
+    data = batches("revgpt", n)
+    base = tiny("revgpt", depth=3)
+    J = len(base)
+    delays = [2 * (J - 1 - j) for j in range(J)]
+
+    def train(delays, **options):
+        model = copy.deepcopy(base)
+        losses = train_delayed(model, data.__getitem__, n, delays, ADAMW, batch_size=3, **options)
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    def same(a, b):
+        return a[0] == b[0] and all(torch.equal(p, q) for p, q in zip(a[1], b[1]))
+
+    stagewise, none = train(delays), train([0] * J)
+    assert same(train(delays, delayed=lambda name: True), stagewise)
+    assert same(train(delays, delayed=lambda name: False), none)
+    attention = train(delays, delayed=lambda name: ".F." in f".{name}")
+    assert not same(attention, stagewise) and not same(attention, none)

@@ -41,48 +41,95 @@ def train_delayed(
     batches_per_epoch: float | None = None,
     predict: float = 0.0,
     optimizers_for: Callable[[int, nn.Module, float], list[tuple]] | None = None,
+    delayed: Callable[[str], bool] | None = None,
 ) -> list[float]:
     """Train ``model`` in place on minibatches ``get_batch(0..num_batches-1)``, stage j's gradients
     applied ``delays[j]`` minibatches late; return each minibatch's loss. ``optimizers_for(j,
     stage, steps_per_epoch)``: the (optimizer, schedule) pairs that step stage j (default: the
-    engine's one, :func:`~petra_core.optim.make_optimizer` with ``recipe``)."""
+    engine's one, :func:`~petra_core.optim.make_optimizer` with ``recipe``). ``delayed(name)``: which
+    of a stage's parameters (by name within the stage) wait its delay; the others step on time, the
+    stage stepping at every minibatch with the gradients that are due (a parameter with none due yet
+    is skipped: its ``grad`` is None). Default: all of them, stage by stage as the engine does."""
     if len(delays) != len(model) or any(not isinstance(d, int) or d < 0 for d in delays):
         raise ValueError(f"delays={list(delays)!r}; expected {len(model)} non-negative integers, one per stage")
     steps_per_epoch = batches_per_epoch or max(num_batches, 1)
     build = optimizers_for or engines_optimizer(recipe, batch_size)
-    optimizers = [build(j, stage, steps_per_epoch) for j, stage in enumerate(model)]
-    queues: list[deque] = [deque() for _ in model]
-    last = [[torch.zeros_like(p) for p in stage.parameters()] for stage in model]
-
-    def step(j: int) -> None:
-        stage = model[j]
-        for p, g in zip(stage.parameters(), queues[j].popleft()):
-            p.grad = g
-        before = [p.detach().clone() for p in stage.parameters()] if predict else None
-        for opt, sched in optimizers[j]:
-            opt.step()
-            sched.step()
-        if predict:
-            last[j] = [p.detach() - b for p, b in zip(stage.parameters(), before)]
-
+    stages = [
+        _DelayedStage(stage, build(j, stage, steps_per_epoch), delays[j], delayed) for j, stage in enumerate(model)
+    ]
     losses = []
     for m in range(num_batches):
         x, y = get_batch(m)
-        held = _shift(model, last, delays, predict)
+        held = [stage.shift(predict) for stage in stages]
         loss = model.family.loss(model(x), y)
-        for stage in model:
-            stage.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
         loss.backward()
-        _restore(model, held)
+        for stage, weights in zip(stages, held):
+            stage.restore(weights)
         losses.append(float(loss.detach()))
-        for j, stage in enumerate(model):
-            queues[j].append([torch.zeros_like(p) if p.grad is None else p.grad for p in stage.parameters()])
-            if len(queues[j]) > delays[j]:
-                step(j)
-    for j in range(len(model)):  # the drain: the gradients still in flight, in order
-        while queues[j]:
-            step(j)
+        for stage in stages:
+            stage.arrive(predict)
+    for stage in stages:  # the drain: the gradients still in flight, in order
+        stage.drain(predict)
     return losses
+
+
+class _DelayedStage:
+    """One stage of the reference: its optimizers, each parameter's delay (its lag), the gradients
+    of the last max(lag) minibatches (oldest first) and its last update (for weight prediction)."""
+
+    def __init__(self, stage: nn.Module, optimizers: list[tuple], delay: int, delayed: Callable[[str], bool] | None):
+        self.stage, self.optimizers = stage, optimizers
+        self.params = list(stage.parameters())
+        self.lags = [delay if delayed is None or delayed(name) else 0 for name, _ in stage.named_parameters()]
+        self.keep = max(self.lags, default=0)
+        self.queue: deque = deque()
+        self.last = [torch.zeros_like(p) for p in self.params]
+
+    def arrive(self, predict: float) -> None:
+        """The minibatch's gradients are in ``.grad``: queue them, step with what is due."""
+        self.queue.append([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params])
+        if self._due(len(self.queue)):
+            self._step(predict)
+        if len(self.queue) > self.keep:
+            self.queue.popleft()
+
+    def drain(self, predict: float) -> None:
+        for later in range(1, self.keep + 1):  # the steps `later` minibatches after the last
+            if self._due(len(self.queue) + later):
+                self._step(predict)
+
+    def _due(self, waiting: int) -> bool:
+        """Give each parameter the gradient due when ``waiting`` minibatches have arrived since the
+        queue's oldest (None: none due yet, or none left); is any due?"""
+        for i, p in enumerate(self.params):
+            age = waiting - 1 - self.lags[i]  # the index of its due gradient, oldest first
+            p.grad = self.queue[age][i] if 0 <= age < len(self.queue) else None
+        return any(p.grad is not None for p in self.params)
+
+    def _step(self, predict: float) -> None:
+        before = [p.detach().clone() for p in self.params] if predict else None
+        for opt, sched in self.optimizers:
+            opt.step()
+            sched.step()
+        if predict:
+            self.last = [p.detach() - b for p, b in zip(self.params, before)]
+
+    @torch.no_grad()
+    def shift(self, predict: float):
+        """Move to the predicted weights w + predict · lag · Δw (``predict`` > 0); what to restore."""
+        if not predict:
+            return None
+        held = [p.detach().clone() for p in self.params]
+        for p, d, lag in zip(self.params, self.last, self.lags):
+            p.add_(d, alpha=predict * lag)
+        return held
+
+    @torch.no_grad()
+    def restore(self, held) -> None:
+        if held is not None:
+            for p, w in zip(self.params, held):
+                p.copy_(w)
 
 
 def engines_optimizer(recipe: Recipe, batch_size: int):
@@ -92,24 +139,3 @@ def engines_optimizer(recipe: Recipe, batch_size: int):
         return [make_optimizer(stage, recipe, batch_size=batch_size, k=1, steps_per_epoch=steps_per_epoch)]
 
     return optimizers_for
-
-
-@torch.no_grad()
-def _shift(model: StagedModel, last, delays, predict: float):
-    """Move each stage to its predicted weights (``predict`` > 0); return what to restore."""
-    if not predict:
-        return None
-    held = []
-    for j, stage in enumerate(model):
-        held.append([p.detach().clone() for p in stage.parameters()])
-        for p, d in zip(stage.parameters(), last[j]):
-            p.add_(d, alpha=predict * delays[j])
-    return held
-
-
-@torch.no_grad()
-def _restore(model: StagedModel, held) -> None:
-    if held is not None:
-        for stage, weights in zip(model, held):
-            for p, w in zip(stage.parameters(), weights):
-                p.copy_(w)
