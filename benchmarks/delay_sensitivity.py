@@ -93,9 +93,9 @@ def muon_on_the_blocks(recipe: Recipe, batch_size: int):
     biases), as Muon is meant to be used; both on the recipe's schedule."""
 
     def optimizers_for(j, stage, steps_per_epoch):
-        named = list(stage.named_parameters())
-        matrices = [p for _, p in named if p.ndim == 2] if stage.kind not in ("S", "H") else []
-        rest = [(n, p) for n, p in named if not any(p is m for m in matrices)]
+        hidden = stage.kind not in ("S", "H")  # the stem's embeddings and the head stay with AdamW
+        matrices = [p for _, p in stage.named_parameters() if hidden and p.ndim == 2]
+        rest = [(n, p) for n, p in stage.named_parameters() if not (hidden and p.ndim == 2)]
         pairs = [
             make_optimizer(stage, recipe, batch_size=batch_size, k=1, steps_per_epoch=steps_per_epoch, params=rest)
         ]
@@ -124,17 +124,18 @@ def run(name: str, data_dir: str) -> dict:
     vocab = runio.read_json(data / "manifest.json")["num_classes"]
     model = build(arch, num_classes=vocab, context=CONTEXT, width=128, depth=4, heads=4)
     per_epoch = train.num_batches
+    settings = recipe(options)
     start = time.perf_counter()
     losses = train_delayed(
         model,
         lambda m: train.batch(m // per_epoch, m % per_epoch),
         per_epoch * EPOCHS,
         list(delays),
-        recipe(options),
+        settings,
         batch_size=BATCH,
         batches_per_epoch=per_epoch,
         predict=options.get("predict", 0.0),
-        optimizers_for=muon_on_the_blocks(recipe(options), BATCH) if options.get("muon") else None,
+        optimizers_for=muon_on_the_blocks(settings, BATCH) if options.get("muon") else None,
         delayed=in_branch(options["branch"]) if "branch" in options else None,
     )
     seconds = time.perf_counter() - start

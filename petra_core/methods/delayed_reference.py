@@ -79,7 +79,7 @@ class _DelayedStage:
     of the last max(lag) minibatches (oldest first) and its last update (for weight prediction)."""
 
     def __init__(self, stage: nn.Module, optimizers: list[tuple], delay: int, delayed: Callable[[str], bool] | None):
-        self.stage, self.optimizers = stage, optimizers
+        self.optimizers = optimizers
         self.params = list(stage.parameters())
         self.lags = [delay if delayed is None or delayed(name) else 0 for name, _ in stage.named_parameters()]
         self.keep = max(self.lags, default=0)
