@@ -77,7 +77,8 @@ class FidelityTracker(Observer):
     :class:`~petra_core.engine.observers.Observer` in ``sim.observers``, it caches the tracked
     groups' minibatches as stage 0 fetches them (``fetched``) and reads ``.grad`` right before the
     step (``before("step", ...)``); a tracked minibatch fetched before it was attached (a resumed
-    run) is fetched again with ``sim.get_batch``. It tracks the stages of the pipeline's first
+    run) is fetched again with ``sim.get_batch``, and the rest of what a tracked group in flight needs
+    travels in the checkpoint (:meth:`state_dict`). It tracks the stages of the pipeline's first
     replica (``sim.workers``); with several replicas under ``dp`` the stepped gradient is the mean
     over every replica's minibatches of the group, and so is the reference. ``tick`` is the tick at
     whose end the step is taken (a final partial group: the number of ticks, as it is stepped after
@@ -174,6 +175,25 @@ class FidelityTracker(Observer):
             for kept in (self._received, self._handed):  # what no rebuild of the group asked for
                 for key in [key for key in kept if key[1] in own]:
                     del kept[key]
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs to record exactly what an uninterrupted one would: the records so
+        far and the tracked groups in flight (each stage's forward input, the value handed down to it,
+        the rebuild errors measured, which stages have stepped the group). Their batches are not in
+        it: ``get_batch`` fetches them again."""
+        return {
+            "records": [dict(r) for r in self.records],
+            "received": dict(self._received),
+            "handed": dict(self._handed),
+            "input_errors": {key: list(errors) for key, errors in self._input_errors.items()},
+            "done": {group: sorted(stages) for group, stages in self._done.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.records = [dict(r) for r in state["records"]]
+        self._received, self._handed = dict(state["received"]), dict(state["handed"])
+        self._input_errors = {key: list(errors) for key, errors in state["input_errors"].items()}
+        self._done = {group: set(stages) for group, stages in state["done"].items()}
 
     def detach(self) -> None:
         if self in self.sim.observers:

@@ -86,9 +86,10 @@ class Checkpoints:
                 f"resume with torchrun --nproc-per-node={ranks}"
             )
 
-    def save(self, pipe, history: list[dict], model_state: dict | None) -> None:
+    def save(self, pipe, history: list[dict], model_state: dict | None, observers: dict | None = None) -> None:
         """Write this process's part (distributed) and, on rank 0, commit ``checkpoint.pt``
-        (collective). ``model_state``: replica 0's whole model on rank 0."""
+        (collective). ``model_state``: replica 0's whole model on rank 0; ``observers``: the state of
+        rank 0's observers (the fidelity log's, simulator only)."""
         world, tick = pipe.world, pipe.tick
         pipeline = pipe.state_dict()  # settles the transport: nothing left on the wire
         mesh = world.placement.mesh
@@ -124,6 +125,7 @@ class Checkpoints:
                     "model": model_state,
                     "replica_models": replicas,
                     "history": history,
+                    "observers": observers,
                     "config": self.cfg.to_dict(),
                 },
             )

@@ -270,13 +270,16 @@ class Session:
     def has_checkpoint(self) -> bool:
         return self.manifest is not None
 
-    def load_checkpoint(self) -> list[dict]:
+    def load_checkpoint(self) -> tuple[list[dict], dict | None]:
+        """Restore the checkpoint into the pipeline; its history and its observers' state (None: it
+        was written without one)."""
         manifest, self.manifest = self.manifest, None
-        return self.checkpoints.restore(self.pipe, manifest)
+        return self.checkpoints.restore(self.pipe, manifest), manifest.get("observers")
 
-    def save_checkpoint(self, history: list[dict]) -> None:
+    def save_checkpoint(self, history: list[dict], observers: dict | None = None) -> None:
+        """``observers``: what observation-only observers (the fidelity log) need to go on exactly."""
         model = self._full_state()  # collective: before any rank writes its part
-        self.checkpoints.save(self.pipe, history, model)
+        self.checkpoints.save(self.pipe, history, model, observers)
 
     # ---- failures and shutdown ----------------------------------------------------------------------
     def failed(self, err: BaseException) -> None:

@@ -246,8 +246,9 @@ class Trainer:
     def resume(self) -> None:
         """Continue from the checkpoint, if there is one (weights, in-flight state, history)."""
         rt, pipe = self.rt, self.pipe
-        if rt.has_checkpoint():
-            self.history = rt.load_checkpoint()
+        observers, resumed = None, rt.has_checkpoint()
+        if resumed:
+            self.history, observers = rt.load_checkpoint()
             if rt.is_main:
                 if self.history:  # a run dir restored from a checkpoint alone gets its history back
                     runio.write_json(self.run_dir / runio.HISTORY, self.history)
@@ -256,7 +257,13 @@ class Trainer:
                     f"(epoch {len(self.history)})"
                 )
         self.saved = {"tick": pipe.tick if rt.checkpoint_path.exists() else None, "epochs": len(self.history)}
-        self.fidelity = FidelityLog(self.run_dir / runio.FIDELITY, pipe, self.cfg.fidelity_every)
+        self.fidelity = FidelityLog(
+            self.run_dir / runio.FIDELITY,
+            pipe,
+            self.cfg.fidelity_every,
+            resumed=resumed,
+            state=(observers or {}).get("fidelity"),
+        )
         self.checked = len(pipe.head_log)
 
     def write_run_files(self) -> None:
@@ -423,8 +430,8 @@ class Trainer:
     # ---- shared by the phases ---------------------------------------------------------------------
     def checkpoint(self) -> None:
         if self.saved["tick"] != self.pipe.tick:
-            self.rt.save_checkpoint(self.history)
-            self.rt.on_main(self.fidelity.write)  # what a resumed run starts from
+            self.rt.save_checkpoint(self.history, {"fidelity": self.fidelity.state_dict()})
+            self.rt.on_main(self.fidelity.write)  # rewritten whole from the tracker's records
             self.saved.update(tick=self.pipe.tick, epochs=len(self.history))
 
     def diverged(self, what: str) -> None:
@@ -437,10 +444,13 @@ class FidelityLog:
     """Optional: every N optimizer steps, each stage's delayed gradient vs the true one (fidelity.csv).
 
     Observation only (training is bit-identical with or without it). It survives a resume at any
-    tick: the batches of a group fetched before the checkpoint are fetched again.
+    tick with the same records as an uninterrupted run: the tracker's state travels in the
+    checkpoint (``state``) and the file is rewritten whole from it; the batches of a group fetched
+    before the checkpoint are fetched again. A checkpoint written without that state (older petra)
+    resumes from the file, the rebuilt-input errors of the groups in flight then unknown (NaN).
     """
 
-    def __init__(self, path: Path, sim, every: int):
+    def __init__(self, path: Path, sim, every: int, *, resumed: bool = False, state: dict | None = None):
         self.path, self.tracker, self.previous = path, None, None
         if every and not sim.schedule.fixed_weights_in_flight:
             import pandas as pd
@@ -448,10 +458,16 @@ class FidelityLog:
             from ..engine.fidelity import track_fidelity
 
             self.tracker = track_fidelity(sim, every=every)
-            try:  # what a resumed run had written (a file without a row yet has no header either)
-                self.previous = pd.read_csv(path) if path.exists() else None
-            except pd.errors.EmptyDataError:
-                self.previous = None
+            if state is not None:
+                self.tracker.load_state_dict(state)
+            elif resumed and path.exists():
+                try:  # a file without a row yet has no header either
+                    self.previous = pd.read_csv(path)
+                except pd.errors.EmptyDataError:
+                    self.previous = None
+
+    def state_dict(self) -> dict | None:
+        return None if self.tracker is None else self.tracker.state_dict()
 
     def write(self) -> None:
         if self.tracker is None:
