@@ -17,6 +17,7 @@ from petra_core.accounting import (
     table3,
 )
 from petra_core.engine.fidelity import track_fidelity
+from petra_core.engine.observers import Observer
 from petra_core.reference import evaluate_formula, load_reference
 
 TINY_PER_STAGE = dict(stem="cifar", image_size=8, batch=2, width=4, num_classes=5, num_batches=2)  # per_stage's setup
@@ -210,6 +211,25 @@ def test_fidelity_is_exact_with_zero_learning_rate(method):
     assert not tracker._received and not tracker._handed and not tracker._input_errors  # nor the inputs compared
     tracker.detach()
     assert tracker not in sim.observers
+
+
+@pytest.mark.parametrize("method", ["delayed", "dsp", "petra"])
+def test_fidelity_keeps_inputs_only_of_the_stages_that_rebuild_them(method):
+    """A stage that keeps its input or graph computes at the exact input: nothing to keep for it."""
+    batches = make_batches(4, size=8)
+    model = make_model()
+    sim = Simulator(model, method, num_batches=4, get_batch=batches.__getitem__, batch_size=6, k=1)
+    tracker = track_fidelity(sim, every=1)
+    held: set[int] = set()  # the stages whose forward inputs the tracker holds, seen after every send
+
+    class Spy(Observer):
+        def sent(self, worker, direction, msg):
+            held.update(j for j, _ in (*tracker._received, *tracker._handed))
+
+    sim.observers.append(Spy())
+    sim.run()
+    rebuilders = {w.index for w in sim.workers if w.storage.needs_output_back and not w.storage.keeps}
+    assert held == rebuilders and (method == "petra") == bool(held)
 
 
 def test_fidelity_of_replicas_is_exact_with_zero_learning_rate():

@@ -94,6 +94,8 @@ class FidelityTracker(Observer):
         self._batches: dict[int, tuple] = {}  # stream minibatch id -> batch, of the tracked groups
         self._done: dict[int, set[int]] = {}
         self._workers = {id(w) for w in sim.workers}
+        # the stages that rebuild their input (the only ones whose inputs the tracker keeps)
+        self._rebuilders = {w.index for w in sim.workers if w.storage.needs_output_back and not w.storage.keeps}
         self._R = sim.world.placement.mesh.replicas
         # replicas whose minibatches make the gradient the first replica steps with
         self._sources = (
@@ -118,6 +120,9 @@ class FidelityTracker(Observer):
     def sent(self, worker, direction: str, msg) -> None:
         """Keep a tracked minibatch's forward input of each stage, and the value handed down to it."""
         if id(worker) not in self._workers or not self._tracked(msg.mb // self.k):
+            return
+        receiver = worker.index + (1 if direction == "forward" else -1)
+        if receiver not in self._rebuilders:  # a stage that keeps its input or graph: its error is 0
             return
         if direction == "forward":
             self._received[worker.index + 1, msg.mb] = streams.join(msg.activation).detach().double()
