@@ -14,18 +14,23 @@
   one minibatch per call and every layer steps in it); a stage's step takes the call of the tick
   its schedule steps it at (:class:`CallWarmup`), so the clock is a function of the step alone and
   the same in every world and after a resume.
+* Or, after the warm-up, a cosine decay (``decay="cosine"``: nanoGPT's and minREV's recipes)
+  from the peak down to ``final_lr_ratio`` · peak at ``decay_epochs`` (the run's last epoch), in
+  the stage's optimizer steps: lr·(r + (1 − r)·(1 + cos(π·p))/2), p the fraction of the steps
+  between the warm-up's end and ``decay_epochs`` gone by (a ``LambdaLR``). No milestones with it.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import nn
-from torch.optim.lr_scheduler import ChainedScheduler, LinearLR, LRScheduler, MultiStepLR
+from torch.optim.lr_scheduler import ChainedScheduler, LambdaLR, LinearLR, LRScheduler, MultiStepLR
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ def kind_of(optimizer: torch.optim.Optimizer) -> OptimizerKind:
 
 
 WARMUP_CLOCKS = ("step", "call")
+DECAYS = ("step", "cosine")  # what follows the warm-up: x gamma at the milestones, or a cosine
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,9 @@ class Recipe:
     eps: float = 1e-8  # AdamW's
     decay_1d: bool = False  # decay parameters of one dimension or fewer too (biases, batch norm)
     warmup_clock: Literal["step", "call"] = "step"  # what the warm-up counts (module docstring)
+    decay: Literal["step", "cosine"] = "step"  # after the warm-up (module docstring)
+    decay_epochs: float = 0.0  # cosine: the epoch at which it reaches final_lr_ratio (the run's last)
+    final_lr_ratio: float = 0.0  # cosine: the lr there over the peak (nanoGPT's Shakespeare recipe: 0.1)
 
     def __post_init__(self):
         if self.optimizer not in OPTIMIZERS:
@@ -99,6 +108,23 @@ class Recipe:
             raise ValueError(f"eps={self.eps!r} is not allowed; allowed: a number > 0")
         if self.warmup_clock not in WARMUP_CLOCKS:
             raise ValueError(f"warmup_clock={self.warmup_clock!r} is not allowed; allowed: {', '.join(WARMUP_CLOCKS)}")
+        if self.decay not in DECAYS:
+            raise ValueError(f"decay={self.decay!r} is not allowed; allowed: {', '.join(DECAYS)}")
+        if not 0.0 <= self.final_lr_ratio <= 1.0:
+            raise ValueError(f"final_lr_ratio={self.final_lr_ratio!r} is not allowed; allowed: a number in [0, 1]")
+        if self.decay == "cosine":
+            if self.milestones:
+                raise ValueError(
+                    f"milestones={list(self.milestones)!r} with decay='cosine'; allowed: no milestones (the "
+                    f"cosine decays every step)"
+                )
+            if self.warmup_clock != "step":
+                raise ValueError("decay='cosine' needs warmup_clock='step' (the call clock ramps in minibatches)")
+            if not self.decay_epochs > self.warmup_epochs:
+                raise ValueError(
+                    f"decay_epochs={self.decay_epochs!r} is not allowed with decay='cosine'; allowed: more than "
+                    f"warmup_epochs ({self.warmup_epochs!r}), the run's epochs"
+                )
 
     def lr(self, batch_size: int, k: int) -> float:
         return self.base_lr * batch_size * k / 256 if self.scale_lr else self.base_lr
@@ -203,9 +229,27 @@ def make_schedule(
             raise ValueError("warmup_clock='call' needs call_of_step (the call of each of the stage's steps)")
         calls = round(recipe.warmup_epochs * steps_per_epoch * k)  # an epoch's minibatches
         return CallWarmup(opt, warmup_calls=calls, milestones=milestones, gamma=recipe.gamma, call_of_step=call_of_step)
+    if recipe.decay == "cosine":
+        return LambdaLR(opt, cosine_factor(recipe, steps_per_epoch))
     schedulers: list[LRScheduler] = []
     warmup = round(recipe.warmup_epochs * steps_per_epoch)
     if warmup > 1:  # lr(s) = peak · (s + 1) / warmup for s < warmup
         schedulers.append(LinearLR(opt, start_factor=1.0 / warmup, end_factor=1.0, total_iters=warmup - 1))
     schedulers.append(MultiStepLR(opt, milestones=milestones, gamma=recipe.gamma))
     return ChainedScheduler(schedulers, optimizer=opt)
+
+
+def cosine_factor(recipe: Recipe, steps_per_epoch: float) -> Callable[[int], float]:
+    """lr(s) / peak of the cosine recipe at the stage's step s: the warm-up's linear ramp, then the
+    cosine down to ``final_lr_ratio`` at ``decay_epochs``, flat after it."""
+    warmup = round(recipe.warmup_epochs * steps_per_epoch)
+    end = max(round(recipe.decay_epochs * steps_per_epoch), warmup + 1)
+    floor = recipe.final_lr_ratio
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        done = min(1.0, (step - warmup) / (end - warmup))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * done))
+
+    return factor

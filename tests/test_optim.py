@@ -1,6 +1,8 @@
 """The recipe: Goyal scaling, warm-up then step decay, no weight decay on BN parameters and biases;
 optimizers built from their declared options."""
 
+import math
+
 import pytest
 import torch
 
@@ -45,6 +47,73 @@ def test_warmup_then_step_decay(k):
         factor = min(1.0, (s + 1) / warmup) if s < warmup else 1.0
         decays = sum(s >= m * steps_per_epoch for m in (3, 5))
         assert lr == pytest.approx(peak * factor * 0.1**decays, rel=1e-9), s
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_warmup_then_cosine_down_to_the_final_ratio(k):
+    """The closed form: peak·(s+1)/W in the warm-up, then peak·(r + (1 − r)(1 + cos(π p))/2), p the
+    fraction of the steps from the warm-up's end to decay_epochs; flat at r·peak after it."""
+    batches_per_epoch, peak, r = 8, 1e-3, 0.1
+    recipe = Recipe(
+        base_lr=peak,
+        scale_lr=False,
+        optimizer="adamw",
+        warmup_epochs=1,
+        decay="cosine",
+        decay_epochs=5,
+        final_lr_ratio=r,
+    )
+    opt, sched = make_optimizer(
+        torch.nn.Linear(2, 2), recipe, batch_size=64, k=k, steps_per_epoch=batches_per_epoch / k
+    )
+    steps_per_epoch = batches_per_epoch // k
+    warmup, end = steps_per_epoch, 5 * steps_per_epoch
+    seen = []
+    for _ in range(6 * steps_per_epoch):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    for s, lr in enumerate(seen):
+        p = min(1.0, (s - warmup) / (end - warmup))
+        want = (s + 1) / warmup if s < warmup else r + (1 - r) * (1 + math.cos(math.pi * p)) / 2
+        assert lr == pytest.approx(peak * want, rel=1e-12), s
+    assert seen[warmup] == pytest.approx(peak) and seen[end:] == pytest.approx([r * peak] * (len(seen) - end))
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"decay": "linear"}, "decay='linear' is not allowed; allowed: step, cosine"),
+        (
+            {"decay": "cosine", "decay_epochs": 5, "milestones": (3,)},
+            "milestones=[3] with decay='cosine'; allowed: no milestones (the cosine decays every step)",
+        ),
+        (
+            {"decay": "cosine", "decay_epochs": 1, "warmup_epochs": 1},
+            "decay_epochs=1 is not allowed with decay='cosine'; allowed: more than warmup_epochs (1), the run's epochs",
+        ),
+        ({"final_lr_ratio": 1.5}, "final_lr_ratio=1.5 is not allowed; allowed: a number in [0, 1]"),
+    ],
+)
+def test_a_bad_cosine_recipe_is_one_line(bad, message):
+    with pytest.raises(ValueError) as err:
+        Recipe(**bad)
+    assert str(err.value) == message
+
+
+def test_the_run_config_carries_the_cosine_into_the_recipe():
+    from petra_core.run.config import ConfigError, RunConfig
+    from petra_core.run.trainer import recipe_of
+
+    cfg = RunConfig.from_dict({"epochs": 20, "warmup_epochs": 2.5, "lr_decay": "cosine", "final_lr_ratio": 0.1})
+    recipe = recipe_of(cfg)
+    assert (recipe.decay, recipe.decay_epochs, recipe.final_lr_ratio) == ("cosine", 20, 0.1)
+    with pytest.raises(ConfigError, match=r"^milestones=\[10\] with lr_decay=cosine; use milestones=\[\]"):
+        RunConfig.from_dict({"epochs": 20, "lr_decay": "cosine", "milestones": [10]})
+    with pytest.raises(ConfigError, match=r"^final_lr_ratio=2.0 must be in \[0, 1\]"):
+        RunConfig.from_dict({"final_lr_ratio": 2})
+    with pytest.raises(ConfigError, match=r"^lr_decay='exp' is not allowed"):
+        RunConfig.from_dict({"lr_decay": "exp"})
 
 
 def test_an_optimizer_is_built_from_its_declared_options_only():

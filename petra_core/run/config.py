@@ -196,6 +196,13 @@ class RunConfig:
     )
     milestones: list = _key([], "epochs at which the learning rate is multiplied by gamma", example="[150, 225]")
     gamma: float = _key(0.1, "learning-rate decay factor at milestones")
+    lr_decay: str = _key(
+        "step",
+        "after the warm-up: step (x gamma at the milestones) or cosine (every step, down to "
+        "final_lr_ratio x the peak at the last epoch; nanoGPT's and minREV's recipes; no milestones)",
+        ("step", "cosine"),
+    )
+    final_lr_ratio: float = _key(0.0, "lr_decay=cosine: the last epoch's lr over the peak, in [0, 1] (nanoGPT: 0.1)")
     # evaluation
     eval_every: int = _key(1, "evaluate on the test set every N epochs (and always after the last)")
     bn_reestimate_batches: int = _key(
@@ -382,6 +389,25 @@ class RunConfig:
             raise ConfigError(
                 f"milestones={self.milestones!r} must be a list of positive epoch numbers, e.g. milestones=[150, 225]"
             )
+        self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        """The learning-rate schedule's keys, together (the cosine takes no milestones)."""
+        if not 0 <= self.final_lr_ratio <= 1:
+            raise ConfigError(f"final_lr_ratio={self.final_lr_ratio!r} must be in [0, 1], e.g. final_lr_ratio=0.1")
+        if self.lr_decay == "cosine":
+            if self.milestones:
+                raise ConfigError(
+                    f"milestones={self.milestones!r} with lr_decay=cosine; use milestones=[] (the cosine decays "
+                    f"every step) or lr_decay=step"
+                )
+            if self.warmup_clock != "step":
+                raise ConfigError("lr_decay=cosine needs warmup_clock=step (the call clock ramps in minibatches)")
+            if self.warmup_epochs >= self.epochs:
+                raise ConfigError(
+                    f"warmup_epochs={self.warmup_epochs!r} leaves no epoch for lr_decay=cosine "
+                    f"(epochs={self.epochs!r}); use warmup_epochs < epochs"
+                )
 
     def _check_execution(self) -> None:
         from .loggers import tensorboard_missing
