@@ -1,13 +1,14 @@
 """Which stage's delay costs the character-level GPT what: the plain-PyTorch delayed-gradient
 reference (petra_core/methods/delayed_reference.py) with other delays than the pipeline's.
 
-    python benchmarks/delay_sensitivity.py              # every setting, 2 at a time (about 20 min on 2 cores)
+    python benchmarks/delay_sensitivity.py              # every setting, 2 at a time (about 35 min on 2 cores)
     python benchmarks/delay_sensitivity.py --only none pipeline
 
 The transformers profile's revgpt run at 1,250 minibatches, seed 0 (nanoGPT's CPU size on
 Shakespeare, batches of 12 windows of 64 characters, AdamW lr 1e-3, betas 0.9/0.99, weight decay
 0.1 on matrices, warm-up over 1/8, x0.1 at 5/8 and 7/8; the ``muon`` settings: Muon on the blocks'
-matrices; ``branch``: only that branch's parameters wait, the rest of a block steps on time),
+matrices; ``branch``: only that branch's parameters wait, the rest of a block steps on time;
+``cosine``: the largest budget, 5,000 minibatches, under nanoGPT's cosine decay instead of the steps),
 trained with stage j's gradients applied
 ``delays[j]`` minibatches late (revgpt's 6 stages: stem, 4 blocks, head). ``none`` is backprop and
 ``pipeline`` (2(J-1-j)) the engine's ``delayed`` method, each the same training as the engine's
@@ -69,21 +70,47 @@ SETTINGS: dict[str, tuple[str, tuple[int, ...], str, dict, str]] = {
     "mlp": ("revgpt", PIPELINE, "the pipeline's on the MLPs (G) only, attention on time", {"branch": "G"}, "none"),
     "last-attention": ("revgpt", (0, 0, 0, 0, 2, 0), "the last block's attention only", {"branch": "F"}, "none"),
     "last-mlp": ("revgpt", (0, 0, 0, 0, 2, 0), "the last block's MLP only", {"branch": "G"}, "none"),
+    # the largest budget (5,000 minibatches) under nanoGPT's cosine decay to 0.1 of the peak
+    "cosine-none": ("revgpt", (0,) * 6, "no delay, 5,000 minibatches, cosine", {"cosine": True}, ""),
+    "cosine-pipeline": (
+        "revgpt",
+        PIPELINE,
+        "the pipeline's, 5,000 minibatches, cosine",
+        {"cosine": True},
+        "cosine-none",
+    ),
+    "cosine-predict": (
+        "revgpt",
+        PIPELINE,
+        "the pipeline's with linear weight prediction, 5,000 minibatches, cosine",
+        {"cosine": True, "predict": 1.0},
+        "cosine-none",
+    ),
 }
 BRANCHES = {"F": "attention", "G": "mlp"}  # a reversible block's two branches (models/transformer.py)
 BATCH, CONTEXT, WINDOWS, EPOCHS, SEED = 12, 64, 3000, 5, 0
+COSINE_EPOCHS = 20  # 5,000 minibatches: the profile's largest budget
+
+
+def epochs(options: dict) -> int:
+    return COSINE_EPOCHS if options.get("cosine") else EPOCHS
 
 
 def recipe(options: dict) -> Recipe:
+    """The profile's recipe at 1,250 minibatches (warm-up 1/8, x0.1 at 5/8 and 7/8) or, with
+    ``cosine``, nanoGPT's Shakespeare schedule at 5,000 (warm-up 1/8, cosine down to 0.1 of the peak)."""
+    schedule = (
+        dict(warmup_epochs=COSINE_EPOCHS / 8, decay="cosine", decay_epochs=COSINE_EPOCHS, final_lr_ratio=0.1)
+        if options.get("cosine")
+        else dict(warmup_epochs=0.625, milestones=(3.125, 4.375), gamma=0.1)
+    )
     return Recipe(
         base_lr=options.get("lr", 1e-3),
         optimizer="adamw",
         betas=(options.get("beta1", 0.9), 0.99),
         weight_decay=0.1,
         scale_lr=False,
-        warmup_epochs=0.625,
-        milestones=(3.125, 4.375),
-        gamma=0.1,
+        **schedule,
     )
 
 
@@ -129,7 +156,7 @@ def run(name: str, data_dir: str) -> dict:
     losses = train_delayed(
         model,
         lambda m: train.batch(m // per_epoch, m % per_epoch),
-        per_epoch * EPOCHS,
+        per_epoch * epochs(options),
         list(delays),
         settings,
         batch_size=BATCH,
@@ -149,6 +176,7 @@ def run(name: str, data_dir: str) -> dict:
         "beta1": options.get("beta1", 0.9),
         "predict": options.get("predict", 0.0),
         "optimizer": "muon+adamw" if options.get("muon") else "adamw",
+        "schedule": "cosine" if options.get("cosine") else "step",
         "delayed_params": BRANCHES.get(options.get("branch"), "all"),
         "minibatches": len(losses),
         "train_loss_last_epoch": float(np.mean(losses[-per_epoch:])),
