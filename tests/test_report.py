@@ -1446,14 +1446,26 @@ def test_the_delay_table_costs_each_setting_against_its_own_baseline_and_renders
     rows.to_csv(tmp_path / "delays.csv", index=False)
     assert list(results_mod.load(tmp_path)["delays"].setting) == ["none", "pipeline", "twin-none", "twin-pipeline"]
     md = render("transformers", "md", transformers_context({**tf_runs, "delays": rows}, "faketf"))
-    assert "| the pipeline's | revgpt | 4 2 0 | 2.500 | +0.300 | no delay |" in md, md
-    assert "| no delay | revgpt | 0 0 0 | 2.200 | – | – |" in md and "at abcdef0):" in md
+    assert "| the pipeline's | revgpt | 1,250, step | 4 2 0 | 2.500 | +0.300 | no delay |" in md, md
+    assert "| no delay | revgpt | 1,250, step | 0 0 0 | 2.200 | – | – |" in md and "at abcdef0):" in md
     later = rows.assign(git_revision=["abcdef0123", "abcdef0123", "1234567890", "abcdef0123"])
     md = render("transformers", "md", transformers_context({**tf_runs, "delays": later}, "faketf"))
     assert "at abcdef0, 1234567):" in md  # every revision the rows were measured at
     assert not any(d["other_recipe"] for d in delay_rows(rows))
     slower = rows.assign(lr=[1e-3, 1e-3, 3e-4, 3e-4])  # the twin's rows at another lr: the twin-none row differs
     assert [d["other_recipe"] for d in delay_rows(slower)] == [False, False, True, False]
+    # rows from before the schedule column are the study's steps; a cosine row is its own recipe
+    cosine = pd.concat(
+        [rows, pd.DataFrame([dict(setting="cosine-none", arch="revgpt", delays="0 0 0", question="cosine",
+                                  baseline="none", test_loss=1.7, minibatches=5000, schedule="cosine",
+                                  git_revision="abcdef0123")])],
+        ignore_index=True,
+    )  # fmt: skip
+    cells = delay_rows(cosine)
+    assert [d["schedule"] for d in cells] == ["step"] * 4 + ["cosine"]
+    assert [d["other_recipe"] for d in cells] == [False] * 4 + [True]
+    md = render("transformers", "md", transformers_context({**tf_runs, "delays": cosine}, "faketf"))
+    assert "| cosine | revgpt | 5,000, cosine | 0 0 0 | 1.700 | -0.500 | no delay |" in md, md
 
 
 def test_petras_gap_is_split_into_the_delays_share_and_its_own():

@@ -271,6 +271,8 @@ def delay_rows(delays: pd.DataFrame) -> list[dict]:
     study's backprop), in the study's order."""
     if delays.empty:
         return []
+    # rows measured before the cosine settings have no schedule: the study's steps
+    delays = delays.assign(schedule=delays.get("schedule", pd.Series(index=delays.index, dtype=object)).fillna("step"))
     by_name = delays.set_index("setting")
     out = []
     for r in delays.to_dict("records"):
@@ -287,8 +289,9 @@ def delay_rows(delays: pd.DataFrame) -> list[dict]:
                 "against": by_name.loc[base, "question"] if has_base else None,
                 # a baseline with another recipe (lr 3e-4 without delay against backprop's lr 1e-3)
                 "other_recipe": has_base
-                and any(k in r and r[k] != by_name.loc[base, k] for k in ("lr", "beta1", "predict")),
+                and any(k in r and r[k] != by_name.loc[base, k] for k in ("lr", "beta1", "predict", "schedule")),
                 "minibatches": int(r["minibatches"]),
+                "schedule": r["schedule"],
                 "revision": str(r["git_revision"])[:7],
             }
         )
