@@ -110,6 +110,23 @@ def test_the_authors_warmup_clock_on_ranks_matches_the_simulator(tmp_path):
 
 
 @pytest.mark.slow
+def test_weight_prediction_on_ranks_matches_the_simulator(tmp_path):
+    """Each rank's stages forward at their predicted weights (methods/prediction.py) and checkpoint
+    their last update: two gloo ranks end with the one-process run's bits."""
+    simulated, ranks = tmp_path / "sim", tmp_path / "ranks"
+    assert main(["train", *TINY, "weight_prediction=1", "--run-dir", str(simulated)]) == 0
+    procs = launch_local(
+        ["train", *DIST, "weight_prediction=1", "--run-dir", str(ranks)],
+        2,
+        timeout=120,
+        capture=True,
+        module="petra_core.cli",
+    )
+    assert [p.returncode for p in procs] == [0, 0], [p.err[-2000:] for p in procs]
+    assert_same_run(ranks, simulated)
+
+
+@pytest.mark.slow
 def test_interrupted_run_resumes_bit_for_bit(tmp_path, simulated, capsys, monkeypatch):
     run = tmp_path / "run"
     signals = "1:16:SIGTERM,0:28:SIGINT"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..methods.prediction import WeightPredictor
 from ..models import StagedModel
 from ..optim import make_optimizer
 from .phases import check_phases, static_storage
@@ -152,6 +153,15 @@ def calls_of_steps(schedule, stage: int, k: int):
     return call_of_step
 
 
+def predictor_of(spec: PipelineSpec, stage, j: int) -> WeightPredictor | None:
+    """Stage j's weight predictor (``Method.predicting``): its lag is the optimizer steps between a
+    forward and the step its gradient lands in, staleness / k; None where nothing is predicted."""
+    lag = spec.schedule.staleness(j) / spec.k
+    if not spec.method.weight_prediction or not lag:
+        return None
+    return WeightPredictor(list(stage.parameters()), alpha=spec.method.weight_prediction, lag=lag)
+
+
 def build_workers(spec: PipelineSpec, model: StagedModel, replica: int) -> list[StageWorker]:
     """The workers of this process's stages of one replica's ``model`` (already on their devices).
     The learning rate scales with the batch of one optimizer step over all replicas."""
@@ -191,6 +201,7 @@ def build_workers(spec: PipelineSpec, model: StagedModel, replica: int) -> list[
                 tensors_total=sum(counts),
                 joins_next=j in joins,
                 batches_per_epoch=batches_per_epoch,
+                predictor=predictor_of(spec, model[j], j),
             )
         )
     if spec.phases != "eager":

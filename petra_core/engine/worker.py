@@ -15,12 +15,14 @@ asynchronously.
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..methods import StoragePolicy
+from ..methods.prediction import WeightPredictor
 from ..models import streams
 from ..models.stage import LocalGraph, Stage
 from ..models.streams import Activation
@@ -89,6 +91,7 @@ class StageWorker:
         replica: int = 0,
         precision: str = "fp32",
         batches_per_epoch: float | None = None,
+        predictor: WeightPredictor | None = None,
     ):
         self.stage, self.index, self.num_stages, self.replica = stage, index, num_stages, replica
         self.batches_per_epoch = batches_per_epoch  # where epochs start, for rules that count steps per epoch
@@ -116,6 +119,7 @@ class StageWorker:
         self.device = self.params[0].device
         # place among the model's parameter tensors, in network order (rules such as wash treat them by depth)
         self.tensor_offset, self.tensors_total = tensor_offset, tensors_total
+        self.predictor = predictor  # forwards at predicted weights (methods/prediction.py), or None
         self.phases = None  # StaticPhases when the phases run on fixed buffers (engine/phases.py), else eager
 
     def run_static(self, *, graphs: bool) -> None:
@@ -132,11 +136,12 @@ class StageWorker:
     def forward(self, msg: ForwardMsg, attached: bool = False) -> ForwardMsg | None:
         """``attached``: hand the output on with its graph (the next stage joins it, :attr:`joins_next`)."""
         x = self._here(msg.activation)
-        if self.phases is not None:
-            y = self.phases.forward(msg.mb, x)
-        else:
-            with compute(self.precision, self.device):
-                y = self.storage.forward(self.stage, msg.mb, x, input_grad=self.input_grad, version=self.steps)
+        with self.predictor.shifted() if self.predictor is not None else nullcontext():
+            if self.phases is not None:
+                y = self.phases.forward(msg.mb, x)
+            else:
+                with compute(self.precision, self.device):
+                    y = self.storage.forward(self.stage, msg.mb, x, input_grad=self.input_grad, version=self.steps)
         self._track_kept()
         if self.is_last or self.storage.needs_labels:
             self.labels[msg.mb] = self._here(msg.labels)
@@ -211,6 +216,9 @@ class StageWorker:
         learning-rate schedule still advances."""
         if self.pending == 0:
             return
+        predicting = apply and self.predictor is not None
+        if predicting:
+            self.predictor.before_step()
         if self.phases is not None:  # the step and the gradients' zeroing on fixed buffers
             self.phases.step(apply)
         else:
@@ -218,6 +226,8 @@ class StageWorker:
                 self.optimizer.step()
             for p in self.params:  # the optimizer's zero_grad(set_to_none=True), without its wrapper (0.02 ms a stage)
                 p.grad = None
+        if predicting:
+            self.predictor.after_step()
         if apply:
             self.scheduler.step()
         else:
@@ -228,7 +238,10 @@ class StageWorker:
         self.pending = 0
 
     def _track_kept(self) -> None:
-        for kind, n in self.storage.kept_bytes().items():
+        kept = self.storage.kept_bytes()
+        if self.predictor is not None:
+            kept["weight_prediction"] = self.predictor.nbytes()
+        for kind, n in kept.items():
             self.peak_kept[kind] = max(self.peak_kept.get(kind, 0), n)
 
     # ---- checkpointing --------------------------------------------------------------------------
@@ -244,6 +257,7 @@ class StageWorker:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "storage": self.storage.state_dict(),
+            **({"predictor": self.predictor.state_dict()} if self.predictor is not None else {}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -260,6 +274,13 @@ class StageWorker:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.storage.load_state_dict(self.stage, to_device(state["storage"], device))
+        if self.predictor is not None:
+            if "predictor" not in state:
+                raise ValueError(
+                    f"stage {self.index}: the checkpoint was saved without weight prediction "
+                    f"(its last update is not in it); resume with weight_prediction=0"
+                )
+            self.predictor.load_state_dict(to_device(state["predictor"], device))
         if self.phases is not None:  # the loaded gradients and optimizer state are the buffers now
             self.phases.prepare()
 

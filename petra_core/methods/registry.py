@@ -37,6 +37,10 @@ the first block is off by several times its own norm). :meth:`Method.bounded` ``
 most ``span`` consecutive reversible stages rebuild from one exact value: the stage before such a
 run keeps its input (DSP's buffer, recomputed with current weights) and hands it down exact.
 ``span = 0``: no bound, the paper's PETRA.
+
+**Weight prediction** (``weight_prediction``, not in the paper): :meth:`Method.predicting` ``(α)``
+runs each delayed stage's forward at w + α·τ·Δw, the weights its gradient will land on
+(``prediction.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from typing import TYPE_CHECKING
 
 from ..models.stage import Stage
 from .local import ForwardGradientActivity, ForwardGradientWeight, LocalHead, LocalLoss
+from .prediction import check_weight_prediction
 from .schedule import GPipe, OneFOneB, Pipelined, Schedule, Sequential
 from .storage import KeepGraph, KeepInput, Reconstruct, StashWeights, StoragePolicy
 
@@ -65,6 +70,7 @@ class Method:
     head: type[StoragePolicy] = KeepGraph  # the policy of the last stage (loss and backward in one tick)
     needs_aux: bool = False  # trains stages from auxiliary heads (a model built with aux_head)
     rebuild_span: int = 0  # most consecutive stages rebuilding from one exact value (0: no bound)
+    weight_prediction: float = 0.0  # forward at w + α·τ·Δw (prediction.py; 0: off)
 
     def policy_for(self, stage: Stage, *, last: bool) -> type[StoragePolicy]:
         """The policy class of a stage on its own, before any bound on rebuild chains (its contract
@@ -89,6 +95,18 @@ class Method:
                 f"{self.name!r} has none (allowed with: {allowed}; rebuild_span=0 otherwise)"
             )
         return self if span == self.rebuild_span else replace(self, rebuild_span=span)
+
+    def predicting(self, alpha: float) -> Method:
+        """This method with its delayed stages forwarding at predicted weights (``prediction.py``;
+        ``alpha`` 0: off, itself)."""
+        alpha = check_weight_prediction(alpha)
+        if alpha and self.schedule is not Pipelined:
+            allowed = ", ".join(m.name for m in METHODS.values() if m.schedule is Pipelined)
+            raise ValueError(
+                f"weight_prediction={alpha:g} predicts the weights a delayed gradient lands on; method "
+                f"{self.name!r} delays none (allowed with: {allowed}; weight_prediction=0 otherwise)"
+            )
+        return self if alpha == self.weight_prediction else replace(self, weight_prediction=alpha)
 
     def policies(self, stages: Sequence) -> list[type[StoragePolicy]]:
         """The policy class of every stage of a model (anything with ``.reversible`` per stage).

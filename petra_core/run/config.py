@@ -43,6 +43,7 @@ _NON_NEGATIVE = (
     "fidelity_every",
     "bn_reestimate_batches",
     "rebuild_span",
+    "weight_prediction",
 )
 
 
@@ -154,6 +155,12 @@ class RunConfig:
         "petra, revbackprop: at most this many consecutive reversible stages rebuild their inputs "
         "from one exact value; the stage before such a run keeps its input instead (0 = no bound, "
         "the paper's PETRA; docs/architecture.md, Bounded rebuild chains)",
+    )
+    weight_prediction: float = _key(
+        0.0,
+        "delayed, dsp, petra: each stage forwards at w + weight_prediction x tau x dw, tau its delay in "
+        "optimizer steps, dw its last update (PipeMare's linear prediction: 1; 0 = off, the paper's; "
+        "docs/architecture.md, Weight prediction)",
     )
     seed: int = _key(0, "seed of weight initialisation, data order and augmentation")
     # data
@@ -470,7 +477,7 @@ class RunConfig:
 
         method = METHODS[self.method]
         try:
-            method.bounded(self.rebuild_span)
+            method.bounded(self.rebuild_span).predicting(self.weight_prediction)
         except ValueError as err:
             raise ConfigError(str(err)) from None
         if method.needs_aux and self.aux_head is None:

@@ -141,7 +141,7 @@ def session_plan(cfg: RunConfig) -> SessionPlan:
         channels_last=cfg.channels_last,
         epochs=cfg.epochs,
         prefetch=cfg.prefetch if cfg.prefetch is not None else (4 if cfg.device == "cuda" else 0),
-        method=get_method(cfg.method).bounded(cfg.rebuild_span),
+        method=get_method(cfg.method).bounded(cfg.rebuild_span).predicting(cfg.weight_prediction),
         k=cfg.k,
         batch_size=cfg.batch_size,
         recipe=recipe,
