@@ -47,6 +47,21 @@ def spans(frame: pd.DataFrame) -> pd.Series:
     return _number(frame, "rebuild_span").astype(int)
 
 
+def decays(frame: pd.DataFrame) -> pd.Series:
+    """Each row's learning-rate decay after the warm-up (``step`` where a run does not record it)."""
+    return labels.setting(frame, "lr_decay").fillna("step").astype(str)
+
+
+def predictions(frame: pd.DataFrame) -> pd.Series:
+    """Each row's ``weight_prediction`` (0, none, where a run does not record it)."""
+    return _number(frame, "weight_prediction").astype(float)
+
+
+def settings_of(frame: pd.DataFrame) -> list[tuple]:
+    """Each row's setting: (arch, method, k, rebuild span, lr decay, weight prediction)."""
+    return list(zip(frame.arch, frame.method, frame.k.astype(int), spans(frame), decays(frame), predictions(frame)))
+
+
 def trained(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows of the study's training runs, without its diagnostic runs (``fidelity_every`` > 0:
     the same bits as the run without the tracker, kept for their fidelity logs)."""
@@ -65,8 +80,9 @@ def _cell(row) -> dict:
 
 
 def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
-    """One row per (dataset, reversible arch, budget, method, k, rebuild span) of the reversible
-    model or its twin's backprop: the metric's mean, sd, n and, but for backprop, the gap to backprop."""
+    """One row per (dataset, reversible arch, budget, method, k, rebuild span, lr decay, weight
+    prediction) of the reversible model or its twin's backprop: the metric's mean, sd, n and, but
+    for backprop, the gap to backprop under the same learning-rate decay."""
     rows = []
     summary, results = trained(summary), trained(results)
     for rev, twin in TWINS.items():
@@ -79,17 +95,13 @@ def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
                 done = results[(results.arch == rev) & (results.dataset == dataset) & (results.epochs == epochs)]
                 minibatches = int((done.optimizer_steps * done.k).max()) if not done.empty else None
                 stats = {
-                    (r["arch"], r["method"], int(r["k"]), span): {
-                        "mean": r[f"{metric}_mean"],
-                        "std": r[f"{metric}_std"],
-                        "n": r["n"],
-                    }
-                    for r, span in zip(g.to_dict("records"), spans(g))
+                    setting: {"mean": r[f"{metric}_mean"], "std": r[f"{metric}_std"], "n": r["n"]}
+                    for r, setting in zip(g.to_dict("records"), settings_of(g))
                 }
-                bp = stats.get((rev, "backprop", 1, 0))
-                for (arch, method, k, span), s in stats.items():
+                for (arch, method, k, span, decay, predict), s in stats.items():
                     if arch == twin and method != "backprop":
                         continue
+                    bp = stats.get((rev, "backprop", 1, 0, decay, 0.0))  # backprop under the same decay
                     gap = err = float("nan")
                     if bp is not None and not (arch == rev and method == "backprop"):
                         gap, err = s["mean"] - bp["mean"], _spread(s["std"], bp["std"])
@@ -101,6 +113,8 @@ def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
                             "method": method,
                             "k": k,
                             "span": span,
+                            "decay": decay,
+                            "predict": predict,
                             "epochs": epochs,
                             "minibatches": minibatches,
                             "metric": metric,
@@ -112,16 +126,33 @@ def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _setting(arch: str, method: str, k: int, span: int = 0) -> str:
+def _setting(arch: str, method: str, k: int = 1, span: int = 0, decay: str = "step", predict: float = 0.0) -> str:
     label = f"{model_label(arch)}, {METHOD_LABELS.get(method, method)}"
-    options = [f"k = {k}"] * (k != 1) + [f"rebuild span {span}"] * (span != 0)
-    return label + (f" ({', '.join(options)})" if options else "")
+    return label + _options(k, span, decay, predict)
+
+
+def _options(k: int = 1, span: int = 0, decay: str = "step", predict: float = 0.0) -> str:
+    """`` (k = 4, rebuild span 1, cosine decay, weight prediction 1)``: what departs from the study's
+    plain setting; '' for none."""
+    options = (
+        [f"k = {k}"] * (k != 1)
+        + [f"rebuild span {span}"] * (span != 0)
+        + [f"{decay} decay"] * (decay != "step")
+        + [f"weight prediction {predict:g}"] * (predict != 0)
+    )
+    return f" ({', '.join(options)})" if options else ""
+
+
+def _key(r) -> tuple:
+    """A budget-frame row's setting, as :func:`settings_of` gives it."""
+    return (r["arch"], r["method"], int(r["k"]), int(r["span"]), r["decay"], float(r["predict"]))
 
 
 def _variants(s: pd.DataFrame, rev: str) -> list[tuple]:
-    """The (arch, method, k, span) settings of a model's rows: its backprop, its methods, the twin last."""
-    keys = set(zip(s.arch, s.method, s.k, s.span))
-    return sorted(keys, key=lambda a: (a[0] != rev, a[1] != "backprop", a[1], a[2], a[3]))
+    """The settings of a model's rows: the study's step decay first, then each other decay, and in
+    each its backprop, its methods, the twin last."""
+    keys = {_key(r) for r in s.to_dict("records")}
+    return sorted(keys, key=lambda a: (a[4] != "step", a[4], a[0] != rev, a[1] != "backprop", a[1], a[2], a[3], a[5]))
 
 
 def goals(frame: pd.DataFrame) -> list[dict]:
@@ -146,8 +177,10 @@ def goals(frame: pd.DataFrame) -> list[dict]:
                 }
             )
         every = mine[(mine.arch == rev) & (mine.method == "petra") & (mine.k == 1)].dropna(subset=["gap"])
-        for span, petra in every.groupby("span"):  # the paper's PETRA (span 0), then bounded rebuild chains
-            who = f"{model_label(rev)} PETRA" + (f" (rebuild span {span})" if span else "")
+        order = sorted(set(zip(every.decay, every.span, every.predict)), key=lambda o: (o[0] != "step", o))
+        for decay, span, predict in order:  # the paper's PETRA (span 0), bounded rebuild chains, other recipes
+            petra = every[(every.decay == decay) & (every.span == span) & (every.predict == predict)]
+            who = f"{model_label(rev)} PETRA" + _options(1, span, decay, predict)
             if target.get("gap_shrinks") and petra.minibatches.nunique() >= 2:
                 first, last = petra.loc[petra.minibatches.idxmin()], petra.loc[petra.minibatches.idxmax()]
                 out.append(
@@ -183,6 +216,8 @@ def where_the_gap_is(frame: pd.DataFrame) -> list[dict]:
     out = []
     for rev, s in frame[frame.arch.isin(list(TWINS))].groupby("model", sort=False):
         mine = s[s.arch == rev]
+        study = (mine.decay == "step") & (mine.predict == 0)  # the study's recipe
+        mine = mine[study]
         plain = (mine.k == 1) & (mine.span == 0)
         petra = mine[plain & (mine.method == "petra")].set_index("minibatches")
         delayed = mine[plain & (mine.method == "delayed")].set_index("minibatches")
@@ -215,13 +250,13 @@ def memory_rows(results: pd.DataFrame) -> list[dict]:
     largest stage (measured by the run; the same for every seed and budget)."""
     mine = trained(results)
     mine = mine[mine.arch.isin([*TWINS, *TWINS.values()])]
-    mine = mine.assign(span=spans(mine))
+    mine = mine.assign(span=spans(mine), predict=predictions(mine))
     rows = []
-    for (arch, method, span), g in mine.groupby(["arch", "method", "span"], sort=False):
+    for (arch, method, span, predict), g in mine.groupby(["arch", "method", "span", "predict"], sort=False):
         r = g.iloc[0]
         rows.append(
             {
-                "setting": _setting(arch, method, 1, span),
+                "setting": _setting(arch, method, 1, span, predict=predict),
                 "stages": int(r["num_stages"]),
                 "total_mb": float(r["kept_total_mb"]),
                 "max_mb": float(r["kept_max_mb"]),
@@ -311,7 +346,7 @@ def transformers_context(frames: dict, profile: str) -> dict:
         for minibatches, b in s.groupby("minibatches"):
             cells = {}
             for r in b.to_dict("records"):
-                cells[(r["arch"], r["method"], r["k"], r["span"])] = {
+                cells[_key(r)] = {
                     **_cell(r),
                     "gap": None if pd.isna(r["gap"]) else r["gap"],
                     "gap_err": r["gap_err"],
@@ -354,7 +389,7 @@ def transformers_figure(frames: dict, profile: str):
     fig, axes = plt.subplots(len(series), 2, figsize=(11, 3.8 * len(series)), squeeze=False)
     for row, ((dataset, rev), s) in zip(axes, series):
         metric = s.metric.iloc[0]
-        s = s.assign(setting=[_setting(*a) for a in zip(s.arch, s.method, s.k, s.span)])
+        s = s.assign(setting=[_setting(*_key(r)) for r in s.to_dict("records")])
         order = [_setting(*a) for a in _variants(s, rev)]
         colors = dict(zip(order, sns.color_palette(n_colors=len(order))))
         for setting in order:
@@ -375,7 +410,7 @@ def transformers_figure(frames: dict, profile: str):
         h = history[history.run_dir.isin(runs.run_dir)].dropna(subset=[metric]).copy()
         steps = dict(zip(runs.run_dir, runs.optimizer_steps * runs.k / runs.epochs_done))
         h["minibatches"] = h.epoch * [steps[d] for d in h.run_dir]
-        h["setting"] = [_setting(a, m, int(k), span) for a, m, k, span in zip(h.arch, h.method, h.k, spans(h))]
+        h["setting"] = [_setting(*a) for a in settings_of(h)]
         sns.lineplot(
             data=h, x="minibatches", y=metric, hue="setting", hue_order=[o for o in order if o in set(h.setting)],
             palette=colors, errorbar="sd", marker="o", markersize=3, ax=row[1],
