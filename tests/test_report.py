@@ -1526,10 +1526,21 @@ def test_petras_gap_is_split_into_the_delays_share_and_its_own():
                 "minibatches": b,
                 "gap": g,
                 "metric": "test_loss",
+                "decay": "step",
+                "predict": 0.0,
             }
             for a, m, k, s, b, g in rows
         ]
     )
+    # Runs of another recipe (cosine decay, weight prediction) at a larger budget stay out of the split.
+    other_recipes = pd.concat(
+        [
+            frame.iloc[[1, 3]].assign(minibatches=400, decay="cosine"),
+            frame.iloc[[1, 3]].assign(minibatches=400, predict=1.0),
+        ]
+    )
+    (split,) = where_the_gap_is(pd.concat([frame, other_recipes], ignore_index=True))
+    assert split["minibatches"] == 200
     (split,) = where_the_gap_is(frame)
     assert split["minibatches"] == 200  # the largest budget both ran
     assert (split["petra"], split["delay"]) == (0.8, 0.3) and split["rest"] == pytest.approx(0.5)

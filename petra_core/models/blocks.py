@@ -14,13 +14,19 @@ from torch import Tensor, nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
 from . import streams
+from .pointwise import PointwiseConv
 from .stage import CouplingGraph, ReversibleStage, Stage
 
 
 def conv_bn(c_in: int, c_out: int, kernel: int, stride: int = 1, relu: bool = True) -> nn.Sequential:
     """conv (no bias: batch norm follows) -> BN (-> ReLU)."""
+    conv = (
+        PointwiseConv(c_in, c_out, stride)
+        if kernel == 1
+        else nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=kernel // 2, bias=False)
+    )
     layers: list[nn.Module] = [
-        nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=kernel // 2, bias=False),
+        conv,
         nn.BatchNorm2d(c_out),
     ]
     if relu:
@@ -65,7 +71,7 @@ class ResidualStage(Stage):
         c_out = base * cls.expansion
         downsample = None
         if stride != 1 or c_in != c_out:
-            downsample = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
+            downsample = nn.Sequential(PointwiseConv(c_in, c_out, stride), nn.BatchNorm2d(c_out))
         self.block = cls(c_in, base, stride=stride, downsample=downsample)
 
     def forward(self, x: Tensor) -> Tensor:
