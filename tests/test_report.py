@@ -1350,7 +1350,7 @@ def test_a_recipe_variants_gap_is_against_backprop_under_the_same_decay():
     assert gaps == {("step", 0.0): 0.43, ("cosine", 1.0): 0.07}
     found = {g["what"]: g["met"] for g in goals(frame)}
     assert found == {
-        "RevGPT backprop, validation loss (nats/char) within 5,000 steps": True,
+        "RevGPT backprop (cosine decay), validation loss (nats/char) within 5,000 steps": True,  # the best, named
         "RevGPT PETRA (rebuild span 1)'s gap to backprop at 5,000 minibatches": False,
         "RevGPT PETRA (rebuild span 1, cosine decay, weight prediction 1)'s gap to backprop at 5,000 "
         "minibatches": False,

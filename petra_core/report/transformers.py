@@ -134,12 +134,13 @@ def _setting(arch: str, method: str, k: int = 1, span: int = 0, decay: str = "st
 def _options(k: int = 1, span: int = 0, decay: str = "step", predict: float = 0.0) -> str:
     """`` (k = 4, rebuild span 1, cosine decay, weight prediction 1)``: what departs from the study's
     plain setting; '' for none."""
-    options = (
-        [f"k = {k}"] * (k != 1)
-        + [f"rebuild span {span}"] * (span != 0)
-        + [f"{decay} decay"] * (decay != "step")
-        + [f"weight prediction {predict:g}"] * (predict != 0)
-    )
+    departs = {
+        f"k = {k}": k != 1,
+        f"rebuild span {span}": span != 0,
+        f"{decay} decay": decay != "step",
+        f"weight prediction {predict:g}": predict != 0,
+    }
+    options = [text for text, departing in departs.items() if departing]
     return f" ({', '.join(options)})" if options else ""
 
 
@@ -168,7 +169,8 @@ def goals(frame: pd.DataFrame) -> list[dict]:
             best = within.loc[within["mean"].idxmin()]
             out.append(
                 {
-                    "what": f"{model_label(rev)} backprop, {METRICS[metric]} within "
+                    "what": f"{model_label(rev)} backprop{_options(1, 0, best['decay'], best['predict'])}, "
+                    f"{METRICS[metric]} within "
                     f"{target['backprop_within_steps']:,} steps",
                     "value": best["mean"],
                     "err": best["std"],
