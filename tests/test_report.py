@@ -1309,7 +1309,7 @@ def test_the_revvit_goal_asks_whether_petras_top1_gap_shrinks_with_budget():
     def frame(gaps):
         rows = [
             dict(model="revvit", metric="top1", arch="revvit", method=m, k=1, span=0, decay="step", predict=0.0,
-                 minibatches=mb, mean=50.0,
+                 blocks=1, minibatches=mb, mean=50.0,
                  std=0.5, gap=gap if m == "petra" else float("nan"), gap_err=0.7 if m == "petra" else float("nan"))
             for mb, gap in gaps.items()
             for m in ("backprop", "petra")
@@ -1324,15 +1324,17 @@ def test_the_revvit_goal_asks_whether_petras_top1_gap_shrinks_with_budget():
 
 
 def test_a_recipe_variants_gap_is_against_backprop_under_the_same_decay():
-    """Runs under cosine decay (and PETRA with weight prediction) form their own settings: PETRA's
-    gap is against backprop with the same decay, and the goal is asked of each setting."""
+    """Runs under cosine decay (and PETRA with weight prediction, or with 2 blocks a stage) form their
+    own settings: PETRA's gap is against backprop with the same decay (and a stage per block), and
+    the goal is asked of each setting."""
     import pandas as pd
 
     from petra_core.report.transformers import budget_frame, goals
 
-    def row(method, seed_mean, decay, predict=0.0, span=0):
+    def row(method, seed_mean, decay, predict=0.0, span=0, per_stage=1):
         return dict(profile="t", dataset="shakespeare", arch="revgpt", width=float("nan"), method=method, k=1,
-                    rebuild_span=span, lr_decay=decay, weight_prediction=predict, epochs=20, n=2,
+                    rebuild_span=span, lr_decay=decay, weight_prediction=predict, blocks_per_stage=per_stage,
+                    epochs=20, n=2,
                     test_loss_mean=seed_mean, test_loss_std=0.01, test_bpc_mean=seed_mean / 0.693)  # fmt: skip
 
     summary = pd.DataFrame(
@@ -1341,17 +1343,19 @@ def test_a_recipe_variants_gap_is_against_backprop_under_the_same_decay():
             row("petra", 2.17, "step", span=1),
             row("backprop", 1.73, "cosine"),
             row("petra", 1.80, "cosine", predict=1.0, span=1),
+            row("petra", 1.78, "step", per_stage=2),
         ]
     )
     results = summary.assign(optimizer_steps=5000, fidelity_every=0)[["arch", "dataset", "epochs", "k",
                                                                       "optimizer_steps", "fidelity_every"]]  # fmt: skip
     frame = budget_frame(summary, results)
-    gaps = {(r.decay, r.predict): round(r.gap, 3) for r in frame.itertuples() if r.method == "petra"}
-    assert gaps == {("step", 0.0): 0.43, ("cosine", 1.0): 0.07}
+    gaps = {(r.decay, r.predict, r.blocks): round(r.gap, 3) for r in frame.itertuples() if r.method == "petra"}
+    assert gaps == {("step", 0.0, 1): 0.43, ("cosine", 1.0, 1): 0.07, ("step", 0.0, 2): 0.04}
     found = {g["what"]: g["met"] for g in goals(frame)}
     assert found == {
         "RevGPT backprop (cosine decay), validation loss (nats/char) within 5,000 steps": True,  # the best, named
         "RevGPT PETRA (rebuild span 1)'s gap to backprop at 5,000 minibatches": False,
+        "RevGPT PETRA (2 blocks a stage)'s gap to backprop at 5,000 minibatches": True,
         "RevGPT PETRA (rebuild span 1, cosine decay, weight prediction 1)'s gap to backprop at 5,000 "
         "minibatches": False,
     }
@@ -1528,6 +1532,7 @@ def test_petras_gap_is_split_into_the_delays_share_and_its_own():
                 "metric": "test_loss",
                 "decay": "step",
                 "predict": 0.0,
+                "blocks": 1,
             }
             for a, m, k, s, b, g in rows
         ]

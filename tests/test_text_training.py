@@ -202,12 +202,33 @@ def test_petra_results_shows_text_metrics_for_text_runs(data_dir, tmp_path, caps
         (dict(size="tpu"), "size='tpu' is not allowed; allowed: None, cpu, gpu"),
         (dict(context=0), "context=0 must be >= 1"),
         (dict(subset=100), "subset=100 subsets an image dataset; dataset='botchan' is text"),
+        (dict(blocks_per_stage=0), "blocks_per_stage=0 must be >= 1"),
+        (dict(blocks_per_stage=2), "blocks_per_stage=2 groups a transformer's blocks into stages; arch='tinylm' has"),
+        (
+            dict(dataset="synthetic", arch="revnet18", context=None, windows_per_epoch=None, blocks_per_stage=2),
+            "arch='revnet18' has a stage per block",
+        ),
     ],
 )
 def test_text_keys_are_checked_in_one_line(data_dir, overrides, message):
     values = {**dict(item.split("=", 1) for item in config(data_dir)), **overrides}
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         RunConfig.load(overrides=[f"{k}={'null' if v is None else v}" for k, v in values.items()])
+
+
+def test_blocks_per_stage_cuts_the_gpt_into_fewer_stages(data_dir, tmp_path, capsys):
+    """``blocks_per_stage=2``: revgpt's 4 blocks in 2 stages (stem, 2 reversible stages, head), trained
+    by PETRA through the run layer; a split that does not divide the depth is one line."""
+    tiny = config(data_dir, "revgpt", method="petra", width=16, epochs=1)
+    assert main(["train", *tiny, "blocks_per_stage=2", "--run-dir", str(tmp_path / "run")]) == 0
+    metrics = read(tmp_path / "run", "metrics.json")
+    assert (metrics["stages"], metrics["stage_kinds"]) == (4, "S R R H") and math.isfinite(metrics["test_loss"])
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["blocks_per_stage"] == 2
+    capsys.readouterr()
+    assert main(["train", *tiny, "blocks_per_stage=3", "--run-dir", str(tmp_path / "bad")]) != 0
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "petra: error: blocks_per_stage 3 does not divide depth 4; allowed: 1, 2, 4"
+    )
 
 
 def test_text_defaults_are_written_into_the_config(data_dir):

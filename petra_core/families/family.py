@@ -27,7 +27,9 @@ class ModelFamily(ABC):
     minibatches, so a log read once per interval, or gathered across ranks, loses nothing);
     ``eval_names`` the fields an evaluation adds to a record (None where an epoch is not evaluated);
     ``data_kind`` the kind of dataset its models read (a data source's ``kind``: ``images``, or
-    ``text`` for token ids), which the run's config checks against its dataset.
+    ``text`` for token ids), which the run's config checks against its dataset;
+    ``cuts_blocks_per_stage`` whether :meth:`build` takes ``blocks_per_stage`` (several blocks in
+    one stage: a run's ``blocks_per_stage`` key).
     A family holds no state: copies of a model share it.
     """
 
@@ -35,6 +37,7 @@ class ModelFamily(ABC):
     train_sums: tuple[str, ...]
     eval_names: tuple[str, ...]
     data_kind: str = "images"
+    cuts_blocks_per_stage: bool = False
 
     @property
     @abstractmethod

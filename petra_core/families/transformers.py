@@ -52,6 +52,7 @@ class VisionTransformers(ImageClassification):
     """RevViT (``revvit``) and its twin ViT (``vit``) as image classifiers (the image family's objective)."""
 
     name = "vision-transformer"
+    cuts_blocks_per_stage = True
 
     @property
     def archs(self) -> tuple[str, ...]:
@@ -108,6 +109,7 @@ class CharacterLM(ModelFamily):
 
     name = "character-lm"
     data_kind = "text"  # token windows of a text source (petra_core/data/text.py)
+    cuts_blocks_per_stage = True
     train_sums = ("correct", "tokens")
     eval_names = ("test_loss", "test_bpc", "test_ppl", "test_acc")
 

@@ -57,9 +57,24 @@ def predictions(frame: pd.DataFrame) -> pd.Series:
     return _number(frame, "weight_prediction").astype(float)
 
 
+def blocks(frame: pd.DataFrame) -> pd.Series:
+    """Each row's ``blocks_per_stage`` (1, a stage per block, where a run does not record it)."""
+    return _number(frame, "blocks_per_stage").replace(0, 1).astype(int)
+
+
 def settings_of(frame: pd.DataFrame) -> list[tuple]:
-    """Each row's setting: (arch, method, k, rebuild span, lr decay, weight prediction)."""
-    return list(zip(frame.arch, frame.method, frame.k.astype(int), spans(frame), decays(frame), predictions(frame)))
+    """Each row's setting: (arch, method, k, rebuild span, lr decay, weight prediction, blocks per stage)."""
+    return list(
+        zip(
+            frame.arch,
+            frame.method,
+            frame.k.astype(int),
+            spans(frame),
+            decays(frame),
+            predictions(frame),
+            blocks(frame),
+        )
+    )
 
 
 def trained(frame: pd.DataFrame) -> pd.DataFrame:
@@ -81,8 +96,9 @@ def _cell(row) -> dict:
 
 def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
     """One row per (dataset, reversible arch, budget, method, k, rebuild span, lr decay, weight
-    prediction) of the reversible model or its twin's backprop: the metric's mean, sd, n and, but
-    for backprop, the gap to backprop under the same learning-rate decay."""
+    prediction, blocks per stage) of the reversible model or its twin's backprop: the metric's mean,
+    sd, n and, but for backprop (a stage per block), the gap to backprop under the same
+    learning-rate decay."""
     rows = []
     summary, results = trained(summary), trained(results)
     for rev, twin in TWINS.items():
@@ -98,12 +114,12 @@ def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
                     setting: {"mean": r[f"{metric}_mean"], "std": r[f"{metric}_std"], "n": r["n"]}
                     for r, setting in zip(g.to_dict("records"), settings_of(g))
                 }
-                for (arch, method, k, span, decay, predict), s in stats.items():
+                for (arch, method, k, span, decay, predict, per_stage), s in stats.items():
                     if arch == twin and method != "backprop":
                         continue
-                    bp = stats.get((rev, "backprop", 1, 0, decay, 0.0))  # backprop under the same decay
+                    bp = stats.get((rev, "backprop", 1, 0, decay, 0.0, 1))  # backprop under the same decay
                     gap = err = float("nan")
-                    if bp is not None and not (arch == rev and method == "backprop"):
+                    if bp is not None and (arch, method, per_stage) != (rev, "backprop", 1):
                         gap, err = s["mean"] - bp["mean"], _spread(s["std"], bp["std"])
                     rows.append(
                         {
@@ -115,6 +131,7 @@ def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
                             "span": span,
                             "decay": decay,
                             "predict": predict,
+                            "blocks": per_stage,
                             "epochs": epochs,
                             "minibatches": minibatches,
                             "metric": metric,
@@ -126,19 +143,22 @@ def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _setting(arch: str, method: str, k: int = 1, span: int = 0, decay: str = "step", predict: float = 0.0) -> str:
+def _setting(
+    arch: str, method: str, k: int = 1, span: int = 0, decay: str = "step", predict: float = 0.0, per_stage: int = 1
+) -> str:
     label = f"{model_label(arch)}, {METHOD_LABELS.get(method, method)}"
-    return label + _options(k, span, decay, predict)
+    return label + _options(k, span, decay, predict, per_stage)
 
 
-def _options(k: int = 1, span: int = 0, decay: str = "step", predict: float = 0.0) -> str:
-    """`` (k = 4, rebuild span 1, cosine decay, weight prediction 1)``: what departs from the study's
-    plain setting; '' for none."""
+def _options(k: int = 1, span: int = 0, decay: str = "step", predict: float = 0.0, per_stage: int = 1) -> str:
+    """`` (k = 4, rebuild span 1, cosine decay, weight prediction 1, 2 blocks a stage)``: what
+    departs from the study's plain setting; '' for none."""
     departs = {
         f"k = {k}": k != 1,
         f"rebuild span {span}": span != 0,
         f"{decay} decay": decay != "step",
         f"weight prediction {predict:g}": predict != 0,
+        f"{per_stage} blocks a stage": per_stage != 1,
     }
     options = [text for text, departing in departs.items() if departing]
     return f" ({', '.join(options)})" if options else ""
@@ -146,14 +166,16 @@ def _options(k: int = 1, span: int = 0, decay: str = "step", predict: float = 0.
 
 def _key(r) -> tuple:
     """A budget-frame row's setting, as :func:`settings_of` gives it."""
-    return (r["arch"], r["method"], int(r["k"]), int(r["span"]), r["decay"], float(r["predict"]))
+    return (r["arch"], r["method"], int(r["k"]), int(r["span"]), r["decay"], float(r["predict"]), int(r["blocks"]))
 
 
 def _variants(s: pd.DataFrame, rev: str) -> list[tuple]:
     """The settings of a model's rows: the study's step decay first, then each other decay, and in
     each its backprop, its methods, the twin last."""
     keys = {_key(r) for r in s.to_dict("records")}
-    return sorted(keys, key=lambda a: (a[4] != "step", a[4], a[0] != rev, a[1] != "backprop", a[1], a[2], a[3], a[5]))
+    return sorted(
+        keys, key=lambda a: (a[4] != "step", a[4], a[0] != rev, a[1] != "backprop", a[1], a[2], a[3], a[5], a[6])
+    )
 
 
 def goals(frame: pd.DataFrame) -> list[dict]:
@@ -179,10 +201,13 @@ def goals(frame: pd.DataFrame) -> list[dict]:
                 }
             )
         every = mine[(mine.arch == rev) & (mine.method == "petra") & (mine.k == 1)].dropna(subset=["gap"])
-        order = sorted(set(zip(every.decay, every.span, every.predict)), key=lambda o: (o[0] != "step", o))
-        for decay, span, predict in order:  # the paper's PETRA (span 0), bounded rebuild chains, other recipes
-            petra = every[(every.decay == decay) & (every.span == span) & (every.predict == predict)]
-            who = f"{model_label(rev)} PETRA" + _options(1, span, decay, predict)
+        order = sorted(
+            set(zip(every.decay, every.span, every.predict, every.blocks)), key=lambda o: (o[0] != "step", o)
+        )
+        for decay, span, predict, per_stage in order:  # the paper's PETRA, bounded rebuild chains, other recipes
+            same = (every.decay == decay) & (every.span == span) & (every.predict == predict)
+            petra = every[same & (every.blocks == per_stage)]
+            who = f"{model_label(rev)} PETRA" + _options(1, span, decay, predict, per_stage)
             if target.get("gap_shrinks") and petra.minibatches.nunique() >= 2:
                 first, last = petra.loc[petra.minibatches.idxmin()], petra.loc[petra.minibatches.idxmax()]
                 out.append(
@@ -218,7 +243,7 @@ def where_the_gap_is(frame: pd.DataFrame) -> list[dict]:
     out = []
     for rev, s in frame[frame.arch.isin(list(TWINS))].groupby("model", sort=False):
         mine = s[s.arch == rev]
-        study = (mine.decay == "step") & (mine.predict == 0)  # the study's recipe
+        study = (mine.decay == "step") & (mine.predict == 0) & (mine.blocks == 1)  # the study's recipe and split
         mine = mine[study]
         plain = (mine.k == 1) & (mine.span == 0)
         petra = mine[plain & (mine.method == "petra")].set_index("minibatches")
@@ -252,13 +277,15 @@ def memory_rows(results: pd.DataFrame) -> list[dict]:
     largest stage (measured by the run; the same for every seed and budget)."""
     mine = trained(results)
     mine = mine[mine.arch.isin([*TWINS, *TWINS.values()])]
-    mine = mine.assign(span=spans(mine), predict=predictions(mine))
+    mine = mine.assign(span=spans(mine), predict=predictions(mine), blocks=blocks(mine))
     rows = []
-    for (arch, method, span, predict), g in mine.groupby(["arch", "method", "span", "predict"], sort=False):
+    for (arch, method, span, predict, per_stage), g in mine.groupby(
+        ["arch", "method", "span", "predict", "blocks"], sort=False
+    ):
         r = g.iloc[0]
         rows.append(
             {
-                "setting": _setting(arch, method, 1, span, predict=predict),
+                "setting": _setting(arch, method, 1, span, predict=predict, per_stage=per_stage),
                 "stages": int(r["num_stages"]),
                 "total_mb": float(r["kept_total_mb"]),
                 "max_mb": float(r["kept_max_mb"]),

@@ -33,6 +33,7 @@ _POSITIVE = (
     "threads",
     "context",
     "windows_per_epoch",
+    "blocks_per_stage",
 )  # or None, where the key may be empty
 _NON_NEGATIVE = (
     "base_lr",
@@ -161,6 +162,11 @@ class RunConfig:
         "delayed, dsp, petra: each stage forwards at w + weight_prediction x tau x dw, tau its delay in "
         "optimizer steps, dw its last update (PipeMare's linear prediction: 1; 0 = off, the paper's; "
         "docs/architecture.md, Weight prediction)",
+    )
+    blocks_per_stage: int = _key(
+        1,
+        "transformers: consecutive blocks in one stage (a divisor of the depth): fewer stages, so "
+        "shorter delays and less parallelism (1: a stage per block)",
     )
     seed: int = _key(0, "seed of weight initialisation, data order and augmentation")
     # data
@@ -364,6 +370,7 @@ class RunConfig:
         self._check_replica_rule()
         self._check_method()
         self._check_data()
+        self._check_model()
 
     def _check_choices(self) -> None:
         for f in dataclasses.fields(self):
@@ -520,6 +527,17 @@ class RunConfig:
                     )
         elif self.subset is not None:
             raise ConfigError(f"subset={self.subset!r} subsets an image dataset; dataset={self.dataset!r} is text")
+
+    def _check_model(self) -> None:
+        if self.blocks_per_stage == 1:
+            return
+        cuttable = [a for a, family in _registry("MODEL_ARCHS").items() if family.cuts_blocks_per_stage]
+        if self.arch not in cuttable:
+            raise ConfigError(
+                f"blocks_per_stage={self.blocks_per_stage!r} groups a transformer's blocks into stages; "
+                f"arch={self.arch!r} has a stage per block (allowed archs: {', '.join(cuttable)}; "
+                f"or blocks_per_stage=1)"
+            )
 
     def prepared_path(self) -> Path:
         return Path(self.data_dir) / self.dataset

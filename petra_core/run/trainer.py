@@ -98,13 +98,15 @@ def data_arguments(cfg: RunConfig) -> dict:
 
 def model_arguments(cfg: RunConfig) -> dict:
     """The arguments of :func:`petra_core.families.build` the config decides (the data decides the
-    classes and the stem): arch, auxiliary heads, the width where it is set, and on a text dataset
-    the size and context."""
+    classes and the stem): arch, auxiliary heads, the width where it is set, on a text dataset
+    the size and context, and the blocks per stage where they are not 1."""
     out = dict(arch=cfg.arch, width=cfg.width, aux_head=cfg.aux_head)
     if cfg.width is None:  # the arch's own width
         del out["width"]
     if cfg.data_kind() == "text":
         out.update(size=cfg.size, context=cfg.context)
+    if cfg.blocks_per_stage != 1:  # only a family that cuts its blocks so takes it (RunConfig.validate)
+        out.update(blocks_per_stage=cfg.blocks_per_stage)
     return out
 
 
