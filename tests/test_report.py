@@ -1555,3 +1555,6 @@ def test_petras_gap_is_split_into_the_delays_share_and_its_own():
     (split,) = where_the_gap_is(with_dsp)
     assert split["current_weights"] == pytest.approx(0.1) and split["rebuilt_inputs"] == pytest.approx(0.4)
     assert where_the_gap_is(frame[frame.method != "delayed"]) == []
+    split_by_two = frame.iloc[[1]].assign(blocks=2, gap=0.2)  # PETRA with 2 blocks a stage, at 200
+    (split,) = where_the_gap_is(pd.concat([frame, split_by_two], ignore_index=True))
+    assert split["fewer_stages"] == [{"blocks": 2, "gap": 0.2}] and split["petra"] == 0.8

@@ -239,12 +239,14 @@ def where_the_gap_is(frame: pd.DataFrame) -> list[dict]:
     has PETRA's delays with exact weights) and the rest (PETRA computes on current weights, its
     input rebuilt with them). Where DSP ran there too, the rest splits again: current weights on
     exact inputs (DSP minus delayed) and the rebuilt inputs (PETRA minus DSP). Beside them, PETRA
-    with k > 1 and with bounded rebuild chains. Only what the records hold."""
+    with k > 1, with bounded rebuild chains and with several blocks a stage (fewer stages, shorter
+    delays). Only what the records hold."""
     out = []
     for rev, s in frame[frame.arch.isin(list(TWINS))].groupby("model", sort=False):
         mine = s[s.arch == rev]
-        study = (mine.decay == "step") & (mine.predict == 0) & (mine.blocks == 1)  # the study's recipe and split
-        mine = mine[study]
+        recipe = (mine.decay == "step") & (mine.predict == 0)  # the study's
+        split = mine[recipe & (mine.method == "petra") & (mine.k == 1) & (mine.span == 0) & (mine.blocks > 1)]
+        mine = mine[recipe & (mine.blocks == 1)]
         plain = (mine.k == 1) & (mine.span == 0)
         petra = mine[plain & (mine.method == "petra")].set_index("minibatches")
         delayed = mine[plain & (mine.method == "delayed")].set_index("minibatches")
@@ -255,6 +257,7 @@ def where_the_gap_is(frame: pd.DataFrame) -> list[dict]:
         dsp = mine[plain & (mine.method == "dsp") & (mine.minibatches == at)]
         others = mine[(mine.method == "petra") & (mine.minibatches == at) & ~plain].sort_values(["span", "k"])
         current = float(dsp.gap.iloc[0]) - delayed.loc[at, "gap"] if not dsp.empty else None
+        fewer = split[split.minibatches == at].sort_values("blocks")
         out.append(
             {
                 "model": model_label(rev),
@@ -267,6 +270,7 @@ def where_the_gap_is(frame: pd.DataFrame) -> list[dict]:
                 "rebuilt_inputs": petra.loc[at, "gap"] - float(dsp.gap.iloc[0]) if not dsp.empty else None,
                 "larger_k": [{"k": int(r.k), "gap": r.gap} for r in others.itertuples() if r.span == 0],
                 "bounded": [{"span": int(r.span), "gap": r.gap} for r in others.itertuples() if r.k == 1],
+                "fewer_stages": [{"blocks": int(r.blocks), "gap": r.gap} for r in fewer.itertuples()],
             }
         )
     return out
