@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from petra_core import build_model
-from petra_core.models.pointwise import PointwiseConv, hits_the_strided_kernel_bug
+from petra_core.models.pointwise import PointwiseConv, channel_block, hits_the_strided_kernel_bug
 
 
 def _grads(conv: nn.Module, x: torch.Tensor, g: torch.Tensor):
@@ -18,7 +18,7 @@ def _grads(conv: nn.Module, x: torch.Tensor, g: torch.Tensor):
     return y.detach(), x.grad, conv.weight.grad
 
 
-@pytest.mark.parametrize("c_in", [2, 4, 7, 12, 16])
+@pytest.mark.parametrize("c_in", [2, 4, 7, 8, 12, 16])
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_a_strided_pointwise_conv_has_the_float64_convolutions_gradients(c_in, channels_last):
     """Against ``nn.Conv2d`` in float64 (oneDNN has no float64 kernel): output, input gradient and
@@ -45,6 +45,8 @@ def test_the_workaround_applies_only_where_the_kernel_is_unsafe():
     assert not hits_the_strided_kernel_bug(conv, cl.contiguous())  # NCHW: the blocked kernel
     wide = torch.randn(2, 16, 8, 8).contiguous(memory_format=torch.channels_last)
     assert not hits_the_strided_kernel_bug(PointwiseConv(16, 8, stride=2), wide)  # a full channel block
+    eight = torch.randn(2, 8, 8, 8).contiguous(memory_format=torch.channels_last)
+    assert hits_the_strided_kernel_bug(PointwiseConv(8, 8, stride=2), eight) == (channel_block() == 16)
     assert not hits_the_strided_kernel_bug(PointwiseConv(4, 8, stride=1), cl)
 
 
