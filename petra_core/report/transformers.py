@@ -205,8 +205,9 @@ def goals(frame: pd.DataFrame) -> list[dict]:
             set(zip(every.decay, every.span, every.predict, every.blocks)), key=lambda o: (o[0] != "step", o)
         )
         for decay, span, predict, per_stage in order:  # the paper's PETRA, bounded rebuild chains, other recipes
-            same = (every.decay == decay) & (every.span == span) & (every.predict == predict)
-            petra = every[same & (every.blocks == per_stage)]
+            petra = every[
+                (every.decay == decay) & (every.span == span) & (every.predict == predict) & (every.blocks == per_stage)
+            ]
             who = f"{model_label(rev)} PETRA" + _options(1, span, decay, predict, per_stage)
             if target.get("gap_shrinks") and petra.minibatches.nunique() >= 2:
                 first, last = petra.loc[petra.minibatches.idxmin()], petra.loc[petra.minibatches.idxmax()]
