@@ -1,5 +1,6 @@
-"""Which stage's delay costs the character-level GPT what: the plain-PyTorch delayed-gradient
-reference (petra_core/methods/delayed_reference.py) with other delays than the pipeline's.
+"""Which stage's delay costs the character-level GPT and RevViT what: the plain-PyTorch
+delayed-gradient reference (petra_core/methods/delayed_reference.py) with other delays than the
+pipeline's.
 
     python benchmarks/delay_sensitivity.py              # every setting, 2 at a time (about 35 min on 2 cores)
     python benchmarks/delay_sensitivity.py --only none pipeline
@@ -8,7 +9,10 @@ The transformers profile's revgpt run at 1,250 minibatches, seed 0 (nanoGPT's CP
 Shakespeare, batches of 12 windows of 64 characters, AdamW lr 1e-3, betas 0.9/0.99, weight decay
 0.1 on matrices, warm-up over 1/8, x0.1 at 5/8 and 7/8; the ``muon`` settings: Muon on the blocks'
 matrices; ``branch``: only that branch's parameters wait, the rest of a block steps on time;
-``cosine``: the largest budget, 5,000 minibatches, under nanoGPT's cosine decay instead of the steps),
+``cosine``: the largest budget, 5,000 minibatches, under nanoGPT's cosine decay instead of the steps;
+the ``vit-`` settings: the profile's RevViT run at 1,000 minibatches, seed 0, width 64 on the first
+16,000 images of CIFAR-10, Adam betas 0.9/0.999, the same steps, its 8 stages: stem, 6 blocks, head;
+its result is top-1),
 trained with stage j's gradients applied
 ``delays[j]`` minibatches late (revgpt's 6 stages: stem, 4 blocks, head). ``none`` is backprop and
 ``pipeline`` (2(J-1-j)) the engine's ``delayed`` method, each the same training as the engine's
@@ -33,6 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from petra_core.data.bundle import build_data  # noqa: E402
 from petra_core.data.text_stream import TextStream  # noqa: E402
 from petra_core.families import build  # noqa: E402
 from petra_core.methods.delayed_reference import train_delayed  # noqa: E402
@@ -41,6 +46,7 @@ from petra_core.run import runio  # noqa: E402
 from petra_core.run.evaluation import evaluate  # noqa: E402
 
 PIPELINE = (10, 8, 6, 4, 2, 0)  # revgpt's staleness 2(J-1-j), J = 6
+VIT_PIPELINE = (14, 12, 10, 8, 6, 4, 2, 0)  # revvit's: J = 8 (stem, 6 blocks, head)
 # name: (arch, delays, what it asks, options, the setting it is compared with)
 SETTINGS: dict[str, tuple[str, tuple[int, ...], str, dict, str]] = {
     "none": ("revgpt", (0,) * 6, "no delay (backprop)", {}, ""),
@@ -86,28 +92,48 @@ SETTINGS: dict[str, tuple[str, tuple[int, ...], str, dict, str]] = {
         {"cosine": True, "predict": 1.0},
         "cosine-none",
     ),
+    # RevViT on CIFAR-10 (the profile's second part): 1,000 minibatches of 64, the step recipe, where
+    # PETRA and the delay alone stall (-19.3 and -17.7 points of top-1 against backprop)
+    "vit-none": ("revvit", (0,) * 8, "no delay (backprop)", {}, ""),
+    "vit-pipeline": ("revvit", VIT_PIPELINE, "the pipeline's delays (the delayed method)", {}, "vit-none"),
+    "vit-stem": ("revvit", (14,) + (0,) * 7, "the stem's delay only", {}, "vit-none"),
+    "vit-blocks": ("revvit", (0, *VIT_PIPELINE[1:]), "the blocks' delays, stem and head on time", {}, "vit-none"),
+    "vit-last-block": ("revvit", (0,) * 6 + (2, 0), "the last block's only", {}, "vit-none"),
+    "vit-predict": (
+        "revvit",
+        VIT_PIPELINE,
+        "the pipeline's, with linear weight prediction",
+        {"predict": 1.0},
+        "vit-none",
+    ),
 }
 BRANCHES = {"F": "attention", "G": "mlp"}  # a reversible block's two branches (models/transformer.py)
 BATCH, CONTEXT, WINDOWS, EPOCHS, SEED = 12, 64, 3000, 5, 0
 COSINE_EPOCHS = 20  # 5,000 minibatches: the profile's largest budget
+IMAGE_ARCHS = ("revvit", "vit")  # CIFAR-10 models: top-1 is their result
+VIT_BATCH, VIT_SUBSET, VIT_EPOCHS, VIT_WIDTH = 64, 16000, 4, 64  # the profile's RevViT at 1,000 minibatches
 
 
-def epochs(options: dict) -> int:
+def epochs(arch: str, options: dict) -> int:
+    if arch in IMAGE_ARCHS:
+        return VIT_EPOCHS
     return COSINE_EPOCHS if options.get("cosine") else EPOCHS
 
 
-def recipe(options: dict) -> Recipe:
+def recipe(options: dict, arch: str = "revgpt") -> Recipe:
     """The profile's recipe at 1,250 minibatches (warm-up 1/8, x0.1 at 5/8 and 7/8) or, with
-    ``cosine``, nanoGPT's Shakespeare schedule at 5,000 (warm-up 1/8, cosine down to 0.1 of the peak)."""
-    schedule = (
-        dict(warmup_epochs=COSINE_EPOCHS / 8, decay="cosine", decay_epochs=COSINE_EPOCHS, final_lr_ratio=0.1)
-        if options.get("cosine")
-        else dict(warmup_epochs=0.625, milestones=(3.125, 4.375), gamma=0.1)
-    )
+    ``cosine``, nanoGPT's Shakespeare schedule at 5,000 (warm-up 1/8, cosine down to 0.1 of the peak);
+    for RevViT its recipe at 1,000 minibatches (the same steps, Adam's beta2 0.999 as minREV's)."""
+    if arch in IMAGE_ARCHS:
+        schedule = dict(warmup_epochs=VIT_EPOCHS / 8, milestones=(VIT_EPOCHS * 5 / 8, VIT_EPOCHS * 7 / 8), gamma=0.1)
+    elif options.get("cosine"):
+        schedule = dict(warmup_epochs=COSINE_EPOCHS / 8, decay="cosine", decay_epochs=COSINE_EPOCHS, final_lr_ratio=0.1)
+    else:
+        schedule = dict(warmup_epochs=0.625, milestones=(3.125, 4.375), gamma=0.1)
     return Recipe(
         base_lr=options.get("lr", 1e-3),
         optimizer="adamw",
-        betas=(options.get("beta1", 0.9), 0.99),
+        betas=(options.get("beta1", 0.9), 0.999 if arch in IMAGE_ARCHS else 0.99),
         weight_decay=0.1,
         scale_lr=False,
         **schedule,
@@ -141,28 +167,38 @@ def in_branch(branch: str):
     return lambda name: f".{branch}." in f".{name}"
 
 
-def run(name: str, data_dir: str) -> dict:
-    arch, delays, question, options, baseline = SETTINGS[name]
-    torch.set_num_threads(1)
-    data = Path(data_dir)
+def data_and_model(arch: str, text_dir: str, image_dir: str):
+    """The setting's (train stream, test stream, model, batch size), seeded as the profile's seed-0 run."""
+    if arch in IMAGE_ARCHS:
+        data = build_data("cifar10", prepared_dir=image_dir, batch_size=VIT_BATCH, seed=SEED, subset=VIT_SUBSET,
+                          eval_batch_size=512)  # fmt: skip
+        torch.manual_seed(SEED)
+        return data.train, data.test, build(arch, num_classes=data.num_classes, width=VIT_WIDTH), VIT_BATCH
+    data = Path(text_dir)
     train = TextStream(np.load(data / "train_tokens.npy"), BATCH, CONTEXT, seed=SEED, train=True, windows=WINDOWS)
     test = TextStream(np.load(data / "test_tokens.npy"), 512, CONTEXT, seed=SEED, train=False)
     torch.manual_seed(SEED)
     vocab = runio.read_json(data / "manifest.json")["num_classes"]
-    model = build(arch, num_classes=vocab, context=CONTEXT, width=128, depth=4, heads=4)
+    return train, test, build(arch, num_classes=vocab, context=CONTEXT, width=128, depth=4, heads=4), BATCH
+
+
+def run(name: str, text_dir: str, image_dir: str) -> dict:
+    arch, delays, question, options, baseline = SETTINGS[name]
+    torch.set_num_threads(1)
+    train, test, model, batch_size = data_and_model(arch, text_dir, image_dir)
     per_epoch = train.num_batches
-    settings = recipe(options)
+    settings = recipe(options, arch)
     start = time.perf_counter()
     losses = train_delayed(
         model,
         lambda m: train.batch(m // per_epoch, m % per_epoch),
-        per_epoch * epochs(options),
+        per_epoch * epochs(arch, options),
         list(delays),
         settings,
-        batch_size=BATCH,
+        batch_size=batch_size,
         batches_per_epoch=per_epoch,
         predict=options.get("predict", 0.0),
-        optimizers_for=muon_on_the_blocks(settings, BATCH) if options.get("muon") else None,
+        optimizers_for=muon_on_the_blocks(settings, batch_size) if options.get("muon") else None,
         delayed=in_branch(options["branch"]) if "branch" in options else None,
     )
     seconds = time.perf_counter() - start
@@ -177,6 +213,7 @@ def run(name: str, data_dir: str) -> dict:
         "predict": options.get("predict", 0.0),
         "optimizer": "muon+adamw" if options.get("muon") else "adamw",
         "schedule": "cosine" if options.get("cosine") else "step",
+        "metric": "top1" if arch in IMAGE_ARCHS else "test_loss",
         "delayed_params": BRANCHES.get(options.get("branch"), "all"),
         "minibatches": len(losses),
         "train_loss_last_epoch": float(np.mean(losses[-per_epoch:])),
@@ -190,18 +227,25 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--only", nargs="+", choices=list(SETTINGS), help="these settings (default: all)")
     parser.add_argument("--jobs", type=int, default=2, help="settings trained at once, one thread each")
     parser.add_argument("--data", default=str(ROOT / "data/prepared/shakespeare"), help="prepared Shakespeare")
+    parser.add_argument("--cifar", default=str(ROOT / "data/prepared/cifar10"), help="prepared CIFAR-10 (RevViT)")
     parser.add_argument("--out", default=str(ROOT / "results/transformers/delays.csv"))
     args = parser.parse_args(argv)
-    if not (Path(args.data) / "train_tokens.npy").exists():
-        parser.error(f"--data {args.data}: no prepared Shakespeare there; run: petra prepare shakespeare")
     names = args.only or list(SETTINGS)
+    archs = {SETTINGS[n][0] for n in names}
+    if archs - set(IMAGE_ARCHS) and not (Path(args.data) / "train_tokens.npy").exists():
+        parser.error(f"--data {args.data}: no prepared Shakespeare there; run: petra prepare shakespeare")
+    if archs & set(IMAGE_ARCHS) and not (Path(args.cifar) / "manifest.json").exists():
+        parser.error(
+            f"--cifar {args.cifar}: no prepared CIFAR-10 there; run: snakemake --cores 1 -- data/prepared/cifar10"
+        )
     revision = runio.git_revision(
         outputs=(str(Path(args.out).relative_to(ROOT)),) if Path(args.out).is_relative_to(ROOT) else ()
     )
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        rows = list(pool.map(run, names, [args.data] * len(names)))
+        rows = list(pool.map(run, names, [args.data] * len(names), [args.cifar] * len(names)))
     for row in rows:
-        print(f"{row['setting']:>16}  delays {row['delays']:<12}  val {row['test_loss']:.4f}  ({row['train_s']:.0f} s)")
+        result = f"top-1 {row['top1']:.2f}" if row["metric"] == "top1" else f"val {row['test_loss']:.4f}"
+        print(f"{row['setting']:>16}  delays {row['delays']:<18}  {result}  ({row['train_s']:.0f} s)")
     frame = pd.DataFrame(rows).assign(git_revision=revision, torch=torch.__version__)
     out = Path(args.out)
     if args.only and out.exists():  # keep the other settings' rows
