@@ -1505,6 +1505,27 @@ def test_the_delay_table_costs_each_setting_against_its_own_baseline_and_renders
     assert [d["other_recipe"] for d in cells] == [False] * 4 + [True]
     md = render("transformers", "md", transformers_context({**tf_runs, "delays": cosine}, "faketf"))
     assert "| cosine | revgpt | 5,000, cosine | 0 0 0 | 1.700 | -0.500 | no delay |" in md, md
+    # an image model's rows are costed in top-1, in a table of their own after the language model's
+    vit = pd.concat(
+        [cosine, pd.DataFrame([
+            dict(setting="vit-none", arch="revvit", delays="0 0 0 0", question="vit no delay", baseline="",
+                 test_loss=1.5, top1=46.0, metric="top1", minibatches=1000, git_revision="fedcba9876"),
+            dict(setting="vit-pipeline", arch="revvit", delays="6 4 2 0", question="vit delayed", baseline="vit-none",
+                 test_loss=1.9, top1=28.5, metric="top1", minibatches=1000, git_revision="fedcba9876"),
+        ])],
+        ignore_index=True,
+    )  # fmt: skip
+    cells = delay_rows(vit)
+    assert [d["metric"] for d in cells] == ["test_loss"] * 5 + ["top1"] * 2  # older rows: validation loss
+    assert cells[-1]["value"] == 28.5 and cells[-1]["cost"] == pytest.approx(-17.5)
+    tables = transformers_context({**tf_runs, "delays": vit}, "faketf")["delays"]
+    assert [(t["metric"], len(t["rows"]), t["revisions"]) for t in tables] == [
+        ("validation loss (nats/char)", 5, ["abcdef0"]),
+        ("top-1 (%)", 2, ["fedcba9"]),
+    ]
+    md = render("transformers", "md", transformers_context({**tf_runs, "delays": vit}, "faketf"))
+    assert "| vit delayed | revvit | 1,000, step | 6 4 2 0 | 28.50 | -17.50 | vit no delay |" in md, md
+    assert "**Which stage's delay costs what, revvit**" in md and "| top-1 (%) | cost | against |" in md
 
 
 def test_petras_gap_is_split_into_the_delays_share_and_its_own():

@@ -333,28 +333,37 @@ def drift_rows(fidelity: pd.DataFrame) -> list[dict]:
     return out
 
 
+def _column(frame: pd.DataFrame, key: str, default) -> pd.Series:
+    """``frame[key]`` with ``default`` where a row (or the whole file, from before the column) has none."""
+    return frame.get(key, pd.Series(index=frame.index, dtype=object)).fillna(default)
+
+
 def delay_rows(delays: pd.DataFrame) -> list[dict]:
     """benchmarks/delay_sensitivity.py's settings (the plain-PyTorch delayed-gradient reference, a
-    delay per stage), each with its validation loss and its cost against the setting it names as
-    its baseline (the same model and recipe without delay, or for a recipe's own no-delay row the
-    study's backprop), in the study's order."""
+    delay per stage), each with its result (validation loss for a language model, top-1 for an
+    image model: the row's ``metric``) and its cost against the setting it names as its baseline
+    (the same model and recipe without delay, or for a recipe's own no-delay row the study's
+    backprop), in the study's order."""
     if delays.empty:
         return []
-    # rows measured before the cosine settings have no schedule: the study's steps
-    delays = delays.assign(schedule=delays.get("schedule", pd.Series(index=delays.index, dtype=object)).fillna("step"))
+    # rows measured before the cosine settings have no schedule (the study's steps), before the
+    # RevViT settings no metric (validation loss)
+    delays = delays.assign(schedule=_column(delays, "schedule", "step"), metric=_column(delays, "metric", "test_loss"))
     by_name = delays.set_index("setting")
     out = []
     for r in delays.to_dict("records"):
         base = r.get("baseline")
         has_base = isinstance(base, str) and base in by_name.index
+        metric = r["metric"]
         out.append(
             {
                 "setting": r["setting"],
                 "arch": r["arch"],
                 "question": r["question"],
                 "delays": r["delays"],
-                "loss": float(r["test_loss"]),
-                "cost": float(r["test_loss"] - by_name.loc[base, "test_loss"]) if has_base else None,
+                "metric": metric,
+                "value": float(r[metric]),
+                "cost": float(r[metric] - by_name.loc[base, metric]) if has_base else None,
                 "against": by_name.loc[base, "question"] if has_base else None,
                 # a baseline with another recipe (lr 3e-4 without delay against backprop's lr 1e-3)
                 "other_recipe": has_base
@@ -365,6 +374,20 @@ def delay_rows(delays: pd.DataFrame) -> list[dict]:
             }
         )
     return out
+
+
+def delay_tables(rows: list[dict]) -> list[dict]:
+    """:func:`delay_rows` in one table per result (validation loss, then top-1), in the rows' order."""
+    metrics = list(dict.fromkeys(r["metric"] for r in rows))
+    return [
+        {
+            "metric": METRICS[m],
+            "digits": 3 if m == "test_loss" else 2,
+            "revisions": list(dict.fromkeys(r["revision"] for r in rows if r["metric"] == m)),
+            "rows": [r for r in rows if r["metric"] == m],
+        }
+        for m in metrics
+    ]
 
 
 def transformers_context(frames: dict, profile: str) -> dict:
@@ -401,7 +424,7 @@ def transformers_context(frames: dict, profile: str) -> dict:
     context["gap_split"] = where_the_gap_is(frame)
     context["memory"] = memory_rows(results)
     context["drift"] = drift_rows(frames.get("fidelity", pd.DataFrame()))
-    context["delays"] = delay_rows(frames.get("delays", pd.DataFrame()))
+    context["delays"] = delay_tables(delay_rows(frames.get("delays", pd.DataFrame())))
     context["setting"] = describe_runs(results)
     return context
 
