@@ -2,7 +2,7 @@
 delayed-gradient reference (petra_core/methods/delayed_reference.py) with other delays than the
 pipeline's.
 
-    python benchmarks/delay_sensitivity.py              # every setting, 2 at a time (about 35 min on 2 cores)
+    python benchmarks/delay_sensitivity.py              # every setting, 2 at a time (about 70 min on 2 cores)
     python benchmarks/delay_sensitivity.py --only none pipeline
 
 The transformers profile's revgpt run at 1,250 minibatches, seed 0 (nanoGPT's CPU size on

@@ -1,6 +1,6 @@
 """The plain-PyTorch delayed-gradient reference (methods/delayed_reference.py) against the engine:
 with the pipeline's delays it is the ``delayed`` method's training (measured: the same bits) on a
-tiny revgpt and its twin in float64; zero delays are backprop; bad delays are refused in one line."""
+tiny revgpt, its twin and a tiny RevViT in float64; zero delays are backprop; bad delays are refused in one line."""
 
 import copy
 
@@ -17,7 +17,7 @@ ADAMW = Recipe(
 )
 
 
-@pytest.mark.parametrize("arch", ["revgpt", "gpt"])
+@pytest.mark.parametrize("arch", ["revgpt", "gpt", "revvit"])
 def test_pipeline_delays_reproduce_the_engines_delayed_method(arch):
     """Same seed, same minibatches, AdamW with warm-up and a milestone (weights move): the
     reference's weights and losses equal the engine's ``delayed`` run's within 1e-10."""
