@@ -1525,7 +1525,7 @@ def test_the_delay_table_costs_each_setting_against_its_own_baseline_and_renders
     ]
     md = render("transformers", "md", transformers_context({**tf_runs, "delays": vit}, "faketf"))
     assert "| vit delayed | revvit | 1,000, step | 6 4 2 0 | 28.50 | -17.50 | vit no delay |" in md, md
-    assert "**Which stage's delay costs what, revvit**" in md and "| top-1 (%) | cost | against |" in md
+    assert "**Which stage's delay costs what, RevViT**" in md and "| top-1 (%) | cost | against |" in md
 
 
 def test_petras_gap_is_split_into_the_delays_share_and_its_own():

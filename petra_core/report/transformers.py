@@ -382,6 +382,7 @@ def delay_tables(rows: list[dict]) -> list[dict]:
     return [
         {
             "metric": METRICS[m],
+            "model": model_label(next(r["arch"] for r in rows if r["metric"] == m)),
             "digits": 3 if m == "test_loss" else 2,
             "revisions": list(dict.fromkeys(r["revision"] for r in rows if r["metric"] == m)),
             "rows": [r for r in rows if r["metric"] == m],
