@@ -449,7 +449,9 @@ def transformers_figure(frames: dict, profile: str):
         metric = s.metric.iloc[0]
         s = s.assign(setting=[_setting(*_key(r)) for r in s.to_dict("records")])
         order = [_setting(*a) for a in _variants(s, rev)]
-        colors = dict(zip(order, sns.color_palette(n_colors=len(order))))
+        # the default palette has 10 colours and repeats after them: more settings take evenly spaced hues
+        palette = sns.color_palette(None if len(order) <= 10 else "husl", n_colors=len(order))
+        colors = dict(zip(order, palette))
         for setting in order:
             g = s[s.setting == setting].sort_values("minibatches")
             row[0].errorbar(
