@@ -18,9 +18,9 @@ trained with stage j's gradients applied
 ``pipeline`` (2(J-1-j)) the engine's ``delayed`` method, each the same training as the engine's
 (tests/test_delayed_reference.py), so their losses are the profile's records (on RevViT
 ``vit-none`` gave the backprop record's top-1, 46.02, and ``vit-pipeline`` 28.77 against the delayed
-record's 28.66). Validation loss on the whole validation split, as the engine evaluates; ``baseline``: the setting a row is compared with
-(the same model and recipe without delay). Writes ``results/transformers/delays.csv``,
-which the transformers report renders (paper_tables/transformers.md).
+record's 28.66). Validation loss on the whole validation split, as the engine evaluates;
+``baseline``: the setting a row is compared with (the same model and recipe without delay). Writes
+``results/transformers/delays.csv``, which the transformers report renders (paper_tables/transformers.md).
 """
 
 from __future__ import annotations
