@@ -24,6 +24,7 @@ GOALS = {  # (reversible arch, metric) -> the study's targets (issue 43's CPU-sc
     ("revvit", "top1"): {"gap_shrinks": True},  # as on RevNets: smaller at the largest budget than the smallest
 }
 METRICS = {"test_loss": "validation loss (nats/char)", "top1": "top-1 (%)"}
+DIGITS = {"test_loss": 3, "top1": 2}  # how a metric's values are printed
 
 
 def applies(summary: pd.DataFrame) -> bool:
@@ -378,16 +379,18 @@ def delay_rows(delays: pd.DataFrame) -> list[dict]:
 
 def delay_tables(rows: list[dict]) -> list[dict]:
     """:func:`delay_rows` in one table per result (validation loss, then top-1), in the rows' order."""
-    metrics = list(dict.fromkeys(r["metric"] for r in rows))
+    tables: dict[str, list[dict]] = {}
+    for r in rows:
+        tables.setdefault(r["metric"], []).append(r)
     return [
         {
             "metric": METRICS[m],
-            "model": model_label(next(r["arch"] for r in rows if r["metric"] == m)),
-            "digits": 3 if m == "test_loss" else 2,
-            "revisions": list(dict.fromkeys(r["revision"] for r in rows if r["metric"] == m)),
-            "rows": [r for r in rows if r["metric"] == m],
+            "model": model_label(mine[0]["arch"]),
+            "digits": DIGITS[m],
+            "revisions": list(dict.fromkeys(r["revision"] for r in mine)),
+            "rows": mine,
         }
-        for m in metrics
+        for m, mine in tables.items()
     ]
 
 
@@ -416,7 +419,7 @@ def transformers_context(frames: dict, profile: str) -> dict:
                 "dataset_label": DATASET_LABELS.get(dataset, dataset),
                 "model": model_label(rev),
                 "metric": METRICS[metric],
-                "digits": 3 if metric == "test_loss" else 2,
+                "digits": DIGITS[metric],
                 "settings": [_setting(*a) for a in settings],
                 "budgets": budgets,
             }
