@@ -1,6 +1,7 @@
 """Suite-wide settings and the tiny shared setups (test files import them: ``from conftest import ...``).
 
 * one torch thread for every test (tiny tensors on 2 shared cores run far faster so);
+* the longest files first (``LONGEST_FIRST``: so that a worker of pytest-xdist does not end on one);
 * ``make_batches`` / ``make_model``: seeded random minibatches and a tiny staged model;
 * ``resumed``: a pipeline saved at a tick and loaded into a fresh model and pipeline, as a run resumes;
 * ``named_failed``: the ranks a distributed failure message names as failed (not as stopped);
@@ -20,6 +21,23 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from petra_core import METHODS, build_model
 from petra_core.engine.observers import Observer
 from petra_core.run.verify import TIMING  # the wall-clock keys of a record (differ run to run)
+
+# ---- the order files run in ---------------------------------------------------------------------------
+# The files that take longest (`pytest --durations=40`: each over 2 minutes on one core), first. Under
+# pytest-xdist (the README's `-n auto --dist loadfile`: every file on one worker, so a module fixture
+# is built once) a worker takes the next file when it is done, so a long file taken last would run
+# alone at the end; taken first, the short files fill in around it.
+LONGEST_FIRST = ("test_gpu.py", "test_committed_artifacts.py", "test_workflow.py", "test_distributed_train.py")
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # xdist would otherwise order files by their test count
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
 @pytest.fixture(autouse=True)
