@@ -1,7 +1,8 @@
 """Suite-wide settings and the tiny shared setups (test files import them: ``from conftest import ...``).
 
 * one torch thread for every test (tiny tensors on 2 shared cores run far faster so);
-* the longest files first (``LONGEST_FIRST``: so that a worker of pytest-xdist does not end on one);
+* the longest files first (``LONGEST_FIRST``: so that a worker of pytest-xdist does not end on one),
+  and the ``alone`` tests skipped on a worker (``.ci/run`` runs them after, with ``-m alone``);
 * ``make_batches`` / ``make_model``: seeded random minibatches and a tiny staged model;
 * ``resumed``: a pipeline saved at a tick and loaded into a fresh model and pipeline, as a run resumes;
 * ``named_failed``: the ranks a distributed failure message names as failed (not as stopped);
@@ -10,6 +11,7 @@
 """
 
 import io
+import os
 import re
 import socket
 
@@ -38,6 +40,11 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a wall-clock test beside another worker measures its load
+        alone = pytest.mark.skip(reason="timing-sensitive: runs with nothing beside it (pytest -m alone)")
+        for item in items:
+            if item.get_closest_marker("alone"):
+                item.add_marker(alone)
 
 
 @pytest.fixture(autouse=True)

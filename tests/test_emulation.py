@@ -125,6 +125,7 @@ def test_message_delays_time_the_live_link_on_the_critical_path():
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # its pace is wall-clock: another worker's load moves it
 def test_an_emulated_pipeline_runs_at_its_slowest_stage_and_a_slow_link_sets_the_pace():
     """Three ranks, PETRA: 40 ms of compute per stage and minibatch; then a link that needs 120 ms
     per message. The losses are the same bits with and without emulation."""
