@@ -465,7 +465,6 @@ def transformers_figure(frames: dict, profile: str):
         row[0].set(
             xlabel="training budget (minibatches)", ylabel=METRICS[metric], title=f"{model_label(rev)}: at the end"
         )
-        row[0].legend(fontsize="x-small")
         largest = s.epochs.max()
         runs = results[
             results.arch.isin([rev, TWINS[rev]]) & (results.dataset == dataset) & (results.epochs == largest)
@@ -479,7 +478,12 @@ def transformers_figure(frames: dict, profile: str):
             palette=colors, errorbar="sd", marker="o", markersize=3, ax=row[1],
         )  # fmt: skip
         row[1].set(xlabel="minibatches", ylabel=METRICS[metric], title=f"{model_label(rev)}: the largest budget")
-        row[1].legend(fontsize="x-small")
+        # one legend for the row (both panels share its colours), beside it: inside, a dozen
+        # settings cover the curves
+        if row[1].get_legend() is not None:
+            row[1].get_legend().remove()
+        row[1].legend(*row[0].get_legend_handles_labels(), fontsize="x-small", loc="upper left",
+                      bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)  # fmt: skip
     fig.suptitle(f"PETRA on reversible transformers (profile {profile}; mean ± sd over seeds)", y=1.01)
     fig.tight_layout()
     return fig
