@@ -2,7 +2,7 @@
 delayed-gradient reference (petra_core/methods/delayed_reference.py) with other delays than the
 pipeline's.
 
-    python benchmarks/delay_sensitivity.py              # every setting, 2 at a time (about 70 min on 2 cores)
+    python benchmarks/delay_sensitivity.py              # every setting, 2 at a time (about 3 h on 2 cores)
     python benchmarks/delay_sensitivity.py --only none pipeline
 
 The transformers profile's revgpt run at 1,250 minibatches, seed 0 (nanoGPT's CPU size on
@@ -12,7 +12,9 @@ matrices; ``branch``: only that branch's parameters wait, the rest of a block st
 ``cosine``: the largest budget, 5,000 minibatches, under nanoGPT's cosine decay instead of the steps;
 the ``vit-`` settings: the profile's RevViT run at 1,000 minibatches, seed 0, width 64 on the first
 16,000 images of CIFAR-10, Adam betas 0.9/0.999, the same steps, its 8 stages: stem, 6 blocks, head;
-its result is top-1),
+its result is top-1; the later ``vit-`` settings ask what might make the delay cheaper there: another
+lr, also at 250 and 4,000 minibatches, SGD, AdamW without momentum, a per-stage lr over the delay,
+minREV's cosine decay),
 trained with stage j's gradients applied
 ``delays[j]`` minibatches late (revgpt's 6 stages: stem, 4 blocks, head). ``none`` is backprop and
 ``pipeline`` (2(J-1-j)) the engine's ``delayed`` method, each the same training as the engine's
@@ -107,6 +109,86 @@ SETTINGS: dict[str, tuple[str, tuple[int, ...], str, dict, str]] = {
         {"predict": 1.0},
         "vit-none",
     ),
+    # what might make the delay cheaper on RevViT (1,000 minibatches but where named): another lr
+    # (each against no delay at the same lr), another optimizer, a per-stage lr, minREV's cosine
+    "vit-none-lr-3e-4": ("revvit", (0,) * 8, "no delay at lr 3e-4", {"lr": 3e-4}, "vit-none"),
+    "vit-lr-3e-4": ("revvit", VIT_PIPELINE, "the pipeline's at lr 3e-4", {"lr": 3e-4}, "vit-none-lr-3e-4"),
+    "vit-none-lr-1e-4": ("revvit", (0,) * 8, "no delay at lr 1e-4", {"lr": 1e-4}, "vit-none"),
+    "vit-lr-1e-4": ("revvit", VIT_PIPELINE, "the pipeline's at lr 1e-4", {"lr": 1e-4}, "vit-none-lr-1e-4"),
+    "vit-none-lr-1e-4-e1": ("revvit", (0,) * 8, "no delay at lr 1e-4, 250 minibatches", {"lr": 1e-4, "epochs": 1}, ""),
+    "vit-lr-1e-4-e1": (
+        "revvit",
+        VIT_PIPELINE,
+        "the pipeline's at lr 1e-4, 250 minibatches",
+        {"lr": 1e-4, "epochs": 1},
+        "vit-none-lr-1e-4-e1",
+    ),
+    "vit-none-lr-1e-4-e16": (
+        "revvit",
+        (0,) * 8,
+        "no delay at lr 1e-4, 4,000 minibatches",
+        {"lr": 1e-4, "epochs": 16},
+        "",
+    ),
+    "vit-lr-1e-4-e16": (
+        "revvit",
+        VIT_PIPELINE,
+        "the pipeline's at lr 1e-4, 4,000 minibatches",
+        {"lr": 1e-4, "epochs": 16},
+        "vit-none-lr-1e-4-e16",
+    ),
+    "vit-beta1-0": (
+        "revvit",
+        VIT_PIPELINE,
+        "the pipeline's, AdamW without momentum (beta1 = 0)",
+        {"beta1": 0.0},
+        "vit-none",
+    ),
+    "vit-sgd-none": (
+        "revvit",
+        (0,) * 8,
+        "no delay, SGD (Nesterov momentum 0.9, lr 0.1)",
+        {"sgd": True, "lr": 0.1},
+        "vit-none",
+    ),
+    "vit-sgd": (
+        "revvit",
+        VIT_PIPELINE,
+        "the pipeline's, SGD (Nesterov momentum 0.9, lr 0.1)",
+        {"sgd": True, "lr": 0.1},
+        "vit-sgd-none",
+    ),
+    "vit-delay-lr": (
+        "revvit",
+        VIT_PIPELINE,
+        "the pipeline's, each stage's lr over its delay",
+        {"delay_lr": 1.0},
+        "vit-none",
+    ),
+    "vit-delay-lr-sqrt": (
+        "revvit",
+        VIT_PIPELINE,
+        "the pipeline's, each stage's lr over the root of its delay",
+        {"delay_lr": 0.5},
+        "vit-none",
+    ),
+    "vit-uniform": ("revvit", (14,) * 8, "every stage the stem's delay (14)", {}, "vit-none"),
+    "vit-cosine-none": ("revvit", (0,) * 8, "no delay, minREV's cosine", {"cosine": True}, ""),
+    "vit-cosine": ("revvit", VIT_PIPELINE, "the pipeline's, minREV's cosine", {"cosine": True}, "vit-cosine-none"),
+    "vit-cosine-none-e1": (
+        "revvit",
+        (0,) * 8,
+        "no delay, minREV's cosine, 250 minibatches",
+        {"cosine": True, "epochs": 1},
+        "",
+    ),
+    "vit-cosine-e1": (
+        "revvit",
+        VIT_PIPELINE,
+        "the pipeline's, minREV's cosine, 250 minibatches",
+        {"cosine": True, "epochs": 1},
+        "vit-cosine-none-e1",
+    ),
 }
 BRANCHES = {"F": "attention", "G": "mlp"}  # a reversible block's two branches (models/transformer.py)
 BATCH, CONTEXT, WINDOWS, EPOCHS, SEED = 12, 64, 3000, 5, 0
@@ -117,20 +199,28 @@ VIT_BATCH, VIT_SUBSET, VIT_EPOCHS, VIT_WIDTH = 64, 16000, 4, 64  # the profile's
 
 def epochs(arch: str, options: dict) -> int:
     if arch in IMAGE_ARCHS:
-        return VIT_EPOCHS
+        return options.get("epochs", VIT_EPOCHS)
     return COSINE_EPOCHS if options.get("cosine") else EPOCHS
 
 
 def recipe(options: dict, arch: str = "revgpt") -> Recipe:
     """The profile's recipe at 1,250 minibatches (warm-up 1/8, x0.1 at 5/8 and 7/8) or, with
     ``cosine``, nanoGPT's Shakespeare schedule at 5,000 (warm-up 1/8, cosine down to 0.1 of the peak);
-    for RevViT its recipe at 1,000 minibatches (the same steps, Adam's beta2 0.999 as minREV's)."""
-    if arch in IMAGE_ARCHS:
-        schedule = dict(warmup_epochs=VIT_EPOCHS / 8, milestones=(VIT_EPOCHS * 5 / 8, VIT_EPOCHS * 7 / 8), gamma=0.1)
+    for RevViT its recipe at 1,000 minibatches or the ``epochs`` named (the same steps, Adam's beta2
+    0.999 as minREV's; with ``cosine`` minREV's: warm-up 1/8, cosine down to 0); ``sgd``: the
+    RevNets' optimizer at ``lr`` (Nesterov momentum 0.9, weight decay 5e-4) on the same schedule."""
+    if arch in IMAGE_ARCHS and options.get("cosine"):
+        n = epochs(arch, options)
+        schedule = dict(warmup_epochs=n / 8, decay="cosine", decay_epochs=n, final_lr_ratio=0.0)
+    elif arch in IMAGE_ARCHS:
+        n = epochs(arch, options)
+        schedule = dict(warmup_epochs=n / 8, milestones=(n * 5 / 8, n * 7 / 8), gamma=0.1)
     elif options.get("cosine"):
         schedule = dict(warmup_epochs=COSINE_EPOCHS / 8, decay="cosine", decay_epochs=COSINE_EPOCHS, final_lr_ratio=0.1)
     else:
         schedule = dict(warmup_epochs=0.625, milestones=(3.125, 4.375), gamma=0.1)
+    if options.get("sgd"):  # the RevNets' optimizer: Nesterov momentum 0.9, weight decay 5e-4
+        return Recipe(base_lr=options["lr"], optimizer="sgd", weight_decay=5e-4, scale_lr=False, **schedule)
     return Recipe(
         base_lr=options.get("lr", 1e-3),
         optimizer="adamw",
@@ -159,6 +249,18 @@ def muon_on_the_blocks(recipe: Recipe, batch_size: int):
             )
             pairs.append((muon, make_schedule(muon, recipe, k=1, steps_per_epoch=steps_per_epoch)))
         return pairs
+
+    return optimizers_for
+
+
+def delay_scaled(recipe: Recipe, batch_size: int, delays, power: float):
+    """Each stage's optimizer at lr / max(1, delay)^power, the whole run (PipeMare's rescheduling
+    divides by the delay early in training and anneals back to the lr; this keeps the division)."""
+    from dataclasses import replace
+
+    def optimizers_for(j, stage, steps_per_epoch):
+        scaled = replace(recipe, base_lr=recipe.base_lr / max(1, delays[j]) ** power)
+        return [make_optimizer(stage, scaled, batch_size=batch_size, k=1, steps_per_epoch=steps_per_epoch)]
 
     return optimizers_for
 
@@ -199,7 +301,11 @@ def run(name: str, text_dir: str, image_dir: str) -> dict:
         batch_size=batch_size,
         batches_per_epoch=per_epoch,
         predict=options.get("predict", 0.0),
-        optimizers_for=muon_on_the_blocks(settings, batch_size) if options.get("muon") else None,
+        optimizers_for=muon_on_the_blocks(settings, batch_size)
+        if options.get("muon")
+        else delay_scaled(settings, batch_size, delays, options["delay_lr"])
+        if "delay_lr" in options
+        else None,
         delayed=in_branch(options["branch"]) if "branch" in options else None,
     )
     seconds = time.perf_counter() - start
@@ -212,7 +318,7 @@ def run(name: str, text_dir: str, image_dir: str) -> dict:
         "lr": options.get("lr", 1e-3),
         "beta1": options.get("beta1", 0.9),
         "predict": options.get("predict", 0.0),
-        "optimizer": "muon+adamw" if options.get("muon") else "adamw",
+        "optimizer": "muon+adamw" if options.get("muon") else "sgd" if options.get("sgd") else "adamw",
         "schedule": "cosine" if options.get("cosine") else "step",
         "metric": "top1" if arch in IMAGE_ARCHS else "test_loss",
         "delayed_params": BRANCHES.get(options.get("branch"), "all"),

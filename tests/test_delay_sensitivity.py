@@ -1,0 +1,51 @@
+"""benchmarks/delay_sensitivity.py's settings: each builds the recipe and optimizers it names (the
+benchmark's runs take minutes; these check what they would train with, in a blink)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "delay_sensitivity.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("delay_sensitivity", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_setting_names_a_known_baseline_with_its_model_and_a_delay_per_stage(bench):
+    stages = {"revgpt": 6, "gpt": 6, "revvit": 8}
+    for name, (arch, delays, question, options, baseline) in bench.SETTINGS.items():
+        assert len(delays) == stages[arch], name
+        reversible = {"gpt": "revgpt"}.get(arch, arch)  # the twin's no-delay row is costed against the reversible's
+        assert baseline == "" or bench.SETTINGS[baseline][0] in (arch, reversible), name
+        assert question and isinstance(options, dict), name
+
+
+def test_the_revvit_recipes_follow_the_named_budget_schedule_and_optimizer(bench):
+    step = bench.recipe({"lr": 1e-4, "epochs": 16}, "revvit")
+    assert (step.base_lr, step.optimizer, step.warmup_epochs, step.milestones) == (1e-4, "adamw", 2.0, (10.0, 14.0))
+    assert step.betas == (0.9, 0.999)
+    default = bench.recipe({}, "revvit")  # the profile's 1,000 minibatches
+    assert (default.warmup_epochs, default.milestones) == (0.5, (2.5, 3.5))
+    cosine = bench.recipe({"cosine": True, "epochs": 1}, "revvit")  # minREV's: down to 0
+    assert (cosine.decay, cosine.decay_epochs, cosine.final_lr_ratio, cosine.milestones) == ("cosine", 1, 0.0, ())
+    sgd = bench.recipe(bench.SETTINGS["vit-sgd"][3], "revvit")
+    assert (sgd.optimizer, sgd.base_lr, sgd.momentum, sgd.nesterov, sgd.weight_decay) == ("sgd", 0.1, 0.9, True, 5e-4)
+    assert bench.epochs("revvit", {"epochs": 16}) == 16 and bench.epochs("revvit", {}) == bench.VIT_EPOCHS
+
+
+def test_a_delay_scaled_lr_divides_each_stage_by_its_delay_to_the_power(bench):
+    recipe = bench.recipe({}, "revvit")
+    stages = [torch.nn.Linear(2, 2) for _ in range(3)]
+    delays = (4, 2, 0)
+    for power, expected in ((1.0, (0.25, 0.5, 1.0)), (0.5, (0.5, 2**-0.5, 1.0))):
+        build = bench.delay_scaled(recipe, 64, delays, power)
+        for j, stage in enumerate(stages):
+            ((opt, _),) = build(j, stage, 10)
+            assert opt.param_groups[0]["initial_lr"] == pytest.approx(recipe.base_lr * expected[j])
