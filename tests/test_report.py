@@ -1528,6 +1528,51 @@ def test_the_delay_table_costs_each_setting_against_its_own_baseline_and_renders
     assert "**Which stage's delay costs what, RevViT**" in md and "| top-1 (%) | cost | against |" in md
 
 
+def test_the_delay_summary_names_the_cheapest_and_dearest_recipe_and_each_recipes_cost_by_budget(tf_runs):
+    """Under a model's delay table, from its rows: at the budget most rows ran, the least and the most
+    the pipeline's delays cost over the recipes tried (against each one's own no-delay row), and for
+    a recipe measured at several budgets, the cost at each and whether it shrinks."""
+    from petra_core.report.tables import render
+    from petra_core.report.transformers import delay_rows, delay_summary, transformers_context
+
+    pipe, none = "4 2 0", "0 0 0"
+
+    def row(setting, delays, top1, baseline="", minibatches=1000, **recipe):
+        return dict(setting=setting, arch="revvit", delays=delays, question=setting, baseline=baseline, top1=top1,
+                    metric="top1", minibatches=minibatches, git_revision="fedcba9876", **recipe)  # fmt: skip
+
+    rows = pd.DataFrame(
+        [
+            row("none", none, 46.0),
+            row("pipeline", pipe, 29.0, "none"),
+            row("none-slow", none, 35.0, "none", lr=1e-4),
+            row("slow", pipe, 31.0, "none-slow", lr=1e-4),
+            row("none-slow-250", none, 20.0, minibatches=250, lr=1e-4),
+            row("slow-250", pipe, 15.0, "none-slow-250", minibatches=250, lr=1e-4),
+            row("none-slow-4000", none, 50.0, minibatches=4000, lr=1e-4),
+            row("slow-4000", pipe, 48.0, "none-slow-4000", minibatches=4000, lr=1e-4),
+            row("sgd-none", none, 40.0, "none", lr=0.1, optimizer="sgd"),
+            row("sgd", pipe, 30.0, "sgd-none", lr=0.1, optimizer="sgd"),
+            row("scaled", pipe, 32.0, "none"),  # another setting of the study's recipe at 1,000: no series
+            row("uniform", "4 4 4", 20.0, "none"),  # other delays: not the pipeline's
+        ]
+    )
+    summary = delay_summary(delay_rows(rows))
+    assert summary["pipeline"] == pipe and summary["minibatches"] == 1000
+    assert (summary["least"]["setting"], summary["least"]["cost"]) == ("slow", pytest.approx(-4.0))
+    assert (summary["most"]["setting"], summary["most"]["cost"]) == ("pipeline", pytest.approx(-17.0))
+    (slow,) = summary["trends"]  # the study's recipe has two settings at 1,000, SGD one budget
+    assert slow["recipe"] == "adamw, lr 0.0001, step decay"
+    assert [(p["minibatches"], p["cost"]) for p in slow["points"]] == [(250, -5.0), (1000, -4.0), (4000, -2.0)]
+    assert slow["shrinks"]
+    assert delay_summary([])["least"] is None
+    md = render("transformers", "md", transformers_context({**tf_runs, "delays": rows}, "faketf"))
+    assert (
+        "At 1,000 minibatches the pipeline's delays (4 2 0) cost from -4.00 (slow, against none-slow) to -17.00" in md
+    )
+    assert "is -5.00 at 250, -4.00 at 1,000, -2.00 at 4,000 minibatches: it shrinks with the budget." in md, md
+
+
 def test_petras_gap_is_split_into_the_delays_share_and_its_own():
     from petra_core.report.transformers import where_the_gap_is
 

@@ -371,10 +371,70 @@ def delay_rows(delays: pd.DataFrame) -> list[dict]:
                 and any(k in r and r[k] != by_name.loc[base, k] for k in ("lr", "beta1", "predict", "schedule")),
                 "minibatches": int(r["minibatches"]),
                 "schedule": r["schedule"],
+                "recipe": _recipe(r),
                 "revision": str(r["git_revision"])[:7],
             }
         )
     return out
+
+
+RECIPE_DEFAULTS = {"optimizer": "adamw", "lr": 1e-3, "beta1": 0.9, "predict": 0.0, "schedule": "step"}
+
+
+def _recipe(row: dict) -> str:
+    """A delay row's optimizer, lr and schedule, and what else departs from the study's (AdamW's
+    beta1 0.9, no weight prediction): ``adamw, lr 0.0001, step decay``; the defaults where a row
+    (from before the column) has none."""
+
+    def get(key):
+        value = row.get(key)
+        return RECIPE_DEFAULTS[key] if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+    text = f"{get('optimizer')}, lr {float(get('lr')):g}, {get('schedule')} decay"
+    if get("optimizer") != "sgd" and float(get("beta1")) != RECIPE_DEFAULTS["beta1"]:
+        text += f", beta1 {float(get('beta1')):g}"
+    if float(get("predict")):
+        text += f", weight prediction {float(get('predict')):g}"
+    return text
+
+
+def _harm(cost: float, metric: str) -> float:
+    """How much a cost hurts: a loss that rises, a top-1 that falls."""
+    return cost if metric == "test_loss" else -cost
+
+
+def delay_summary(rows: list[dict]) -> dict:
+    """What one model's delay rows say, from the rows: at the budget most of them ran, the least and
+    the most the pipeline's delays cost (the delays most of the costed rows have) over the recipes
+    tried; and, for each recipe measured at two budgets or more (one row a budget), the delay's
+    cost at each budget, in order, and whether it shrinks from the first to the last (per model: a
+    twin's rows are a series of their own)."""
+    costed = [r for r in rows if r["cost"] is not None and any(int(d) for d in r["delays"].split())]
+    if not costed:
+        return {"pipeline": None, "least": None, "most": None, "trends": []}
+    patterns = pd.Series([r["delays"] for r in costed])
+    pipeline = patterns.value_counts(sort=True).index[0]  # ties: the first seen
+    mine = [r for r in costed if r["delays"] == pipeline]
+    budget = pd.Series([r["minibatches"] for r in mine]).value_counts(sort=True).index[0]
+    at = [r for r in mine if r["minibatches"] == budget]
+    ranked = sorted(at, key=lambda r: _harm(r["cost"], r["metric"]))
+    trends = []
+    for arch, recipe in dict.fromkeys((r["arch"], r["recipe"]) for r in mine):
+        same = [r for r in mine if (r["arch"], r["recipe"]) == (arch, recipe)]
+        budgets = [r["minibatches"] for r in same]
+        if len(set(budgets)) < 2 or len(set(budgets)) != len(budgets):
+            continue  # one budget, or two settings of one recipe at a budget: no series
+        series = sorted(same, key=lambda r: r["minibatches"])
+        first, last = series[0], series[-1]
+        trends.append(
+            {
+                "arch": arch,
+                "recipe": recipe,
+                "points": [{"minibatches": r["minibatches"], "cost": r["cost"]} for r in series],
+                "shrinks": abs(last["cost"]) < abs(first["cost"]),
+            }
+        )
+    return {"pipeline": pipeline, "minibatches": int(budget), "least": ranked[0], "most": ranked[-1], "trends": trends}
 
 
 def delay_tables(rows: list[dict]) -> list[dict]:
@@ -389,6 +449,7 @@ def delay_tables(rows: list[dict]) -> list[dict]:
             "digits": DIGITS[m],
             "revisions": list(dict.fromkeys(r["revision"] for r in mine)),
             "rows": mine,
+            "summary": delay_summary(mine),
         }
         for m, mine in tables.items()
     ]
