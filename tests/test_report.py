@@ -1309,7 +1309,7 @@ def test_the_revvit_goal_asks_whether_petras_top1_gap_shrinks_with_budget():
     def frame(gaps):
         rows = [
             dict(model="revvit", metric="top1", arch="revvit", method=m, k=1, span=0, decay="step", predict=0.0,
-                 blocks=1, minibatches=mb, mean=50.0,
+                 blocks=1, lr=0.0, minibatches=mb, mean=50.0,
                  std=0.5, gap=gap if m == "petra" else float("nan"), gap_err=0.7 if m == "petra" else float("nan"))
             for mb, gap in gaps.items()
             for m in ("backprop", "petra")
@@ -1324,17 +1324,17 @@ def test_the_revvit_goal_asks_whether_petras_top1_gap_shrinks_with_budget():
 
 
 def test_a_recipe_variants_gap_is_against_backprop_under_the_same_decay():
-    """Runs under cosine decay (and PETRA with weight prediction, or with 2 blocks a stage) form their
-    own settings: PETRA's gap is against backprop with the same decay (and a stage per block), and
-    the goal is asked of each setting."""
+    """Runs under cosine decay (and PETRA with weight prediction, or with 2 blocks a stage, or at
+    another lr than the study's) form their own settings: PETRA's gap is against backprop with the
+    same decay and lr (and a stage per block), and the goal is asked of each setting."""
     import pandas as pd
 
-    from petra_core.report.transformers import budget_frame, goals
+    from petra_core.report.transformers import STUDY_LR, budget_frame, goals
 
-    def row(method, seed_mean, decay, predict=0.0, span=0, per_stage=1):
+    def row(method, seed_mean, decay, predict=0.0, span=0, per_stage=1, lr=STUDY_LR):
         return dict(profile="t", dataset="shakespeare", arch="revgpt", width=float("nan"), method=method, k=1,
                     rebuild_span=span, lr_decay=decay, weight_prediction=predict, blocks_per_stage=per_stage,
-                    epochs=20, n=2,
+                    base_lr=lr, epochs=20, n=2,
                     test_loss_mean=seed_mean, test_loss_std=0.01, test_bpc_mean=seed_mean / 0.693)  # fmt: skip
 
     summary = pd.DataFrame(
@@ -1344,13 +1344,20 @@ def test_a_recipe_variants_gap_is_against_backprop_under_the_same_decay():
             row("backprop", 1.73, "cosine"),
             row("petra", 1.80, "cosine", predict=1.0, span=1),
             row("petra", 1.78, "step", per_stage=2),
+            row("backprop", 1.90, "step", lr=1e-4),
+            row("petra", 1.93, "step", lr=1e-4),
         ]
     )
     results = summary.assign(optimizer_steps=5000, fidelity_every=0)[["arch", "dataset", "epochs", "k",
                                                                       "optimizer_steps", "fidelity_every"]]  # fmt: skip
     frame = budget_frame(summary, results)
-    gaps = {(r.decay, r.predict, r.blocks): round(r.gap, 3) for r in frame.itertuples() if r.method == "petra"}
-    assert gaps == {("step", 0.0, 1): 0.43, ("cosine", 1.0, 1): 0.07, ("step", 0.0, 2): 0.04}
+    gaps = {(r.decay, r.predict, r.blocks, r.lr): round(r.gap, 3) for r in frame.itertuples() if r.method == "petra"}
+    assert gaps == {
+        ("step", 0.0, 1, 0.0): 0.43,
+        ("cosine", 1.0, 1, 0.0): 0.07,
+        ("step", 0.0, 2, 0.0): 0.04,
+        ("step", 0.0, 1, 1e-4): 0.03,  # against backprop at lr 1e-4
+    }
     found = {g["what"]: g["met"] for g in goals(frame)}
     assert found == {
         "RevGPT backprop (cosine decay), validation loss (nats/char) within 5,000 steps": True,  # the best, named
@@ -1358,7 +1365,10 @@ def test_a_recipe_variants_gap_is_against_backprop_under_the_same_decay():
         "RevGPT PETRA (2 blocks a stage)'s gap to backprop at 5,000 minibatches": True,
         "RevGPT PETRA (rebuild span 1, cosine decay, weight prediction 1)'s gap to backprop at 5,000 "
         "minibatches": False,
+        "RevGPT PETRA (lr 0.0001)'s gap to backprop at 5,000 minibatches": True,
     }
+    profile = yaml.safe_load((ROOT / "workflow/config/profiles/transformers.yaml").read_text())
+    assert profile["train"]["base_lr"] == STUDY_LR  # the study's lr, which a setting's label leaves out
 
 
 ACCO_LM_PROFILE = {
@@ -1599,15 +1609,17 @@ def test_petras_gap_is_split_into_the_delays_share_and_its_own():
                 "decay": "step",
                 "predict": 0.0,
                 "blocks": 1,
+                "lr": 0.0,
             }
             for a, m, k, s, b, g in rows
         ]
     )
-    # Runs of another recipe (cosine decay, weight prediction) at a larger budget stay out of the split.
+    # Runs of another recipe (cosine decay, weight prediction, another lr) at a larger budget stay out of the split.
     other_recipes = pd.concat(
         [
             frame.iloc[[1, 3]].assign(minibatches=400, decay="cosine"),
             frame.iloc[[1, 3]].assign(minibatches=400, predict=1.0),
+            frame.iloc[[1, 3]].assign(minibatches=400, lr=1e-4),
         ]
     )
     (split,) = where_the_gap_is(pd.concat([frame, other_recipes], ignore_index=True))

@@ -23,6 +23,7 @@ GOALS = {  # (reversible arch, metric) -> the study's targets (issue 43's CPU-sc
     ("revgpt", "test_loss"): {"backprop_at_most": 1.9, "backprop_within_steps": 5000, "gap_at_most": 0.05},
     ("revvit", "top1"): {"gap_shrinks": True},  # as on RevNets: smaller at the largest budget than the smallest
 }
+STUDY_LR = 1e-3  # the study's AdamW lr (profiles/transformers.yaml, train.base_lr): a setting names another
 METRICS = {"test_loss": "validation loss (nats/char)", "top1": "top-1 (%)"}
 DIGITS = {"test_loss": 3, "top1": 2}  # how a metric's values are printed
 
@@ -63,8 +64,15 @@ def blocks(frame: pd.DataFrame) -> pd.Series:
     return _number(frame, "blocks_per_stage").replace(0, 1).astype(int)
 
 
+def other_lrs(frame: pd.DataFrame) -> pd.Series:
+    """Each row's ``base_lr`` where it is not the study's (:data:`STUDY_LR`), else 0."""
+    lr = pd.to_numeric(labels.setting(frame, "base_lr"), errors="coerce").fillna(STUDY_LR).astype(float)
+    return lr.where(~lr.apply(lambda x: math.isclose(x, STUDY_LR)), 0.0)
+
+
 def settings_of(frame: pd.DataFrame) -> list[tuple]:
-    """Each row's setting: (arch, method, k, rebuild span, lr decay, weight prediction, blocks per stage)."""
+    """Each row's setting: (arch, method, k, rebuild span, lr decay, weight prediction, blocks per
+    stage, lr where not the study's: 0 for it)."""
     return list(
         zip(
             frame.arch,
@@ -74,6 +82,7 @@ def settings_of(frame: pd.DataFrame) -> list[tuple]:
             decays(frame),
             predictions(frame),
             blocks(frame),
+            other_lrs(frame),
         )
     )
 
@@ -97,9 +106,9 @@ def _cell(row) -> dict:
 
 def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
     """One row per (dataset, reversible arch, budget, method, k, rebuild span, lr decay, weight
-    prediction, blocks per stage) of the reversible model or its twin's backprop: the metric's mean,
-    sd, n and, but for backprop (a stage per block), the gap to backprop under the same
-    learning-rate decay."""
+    prediction, blocks per stage, lr) of the reversible model or its twin's backprop: the metric's
+    mean, sd, n and, but for backprop (a stage per block), the gap to backprop under the same
+    learning-rate decay and lr."""
     rows = []
     summary, results = trained(summary), trained(results)
     for rev, twin in TWINS.items():
@@ -115,10 +124,10 @@ def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
                     setting: {"mean": r[f"{metric}_mean"], "std": r[f"{metric}_std"], "n": r["n"]}
                     for r, setting in zip(g.to_dict("records"), settings_of(g))
                 }
-                for (arch, method, k, span, decay, predict, per_stage), s in stats.items():
+                for (arch, method, k, span, decay, predict, per_stage, lr), s in stats.items():
                     if arch == twin and method != "backprop":
                         continue
-                    bp = stats.get((rev, "backprop", 1, 0, decay, 0.0, 1))  # backprop under the same decay
+                    bp = stats.get((rev, "backprop", 1, 0, decay, 0.0, 1, lr))  # under the same decay and lr
                     gap = err = float("nan")
                     if bp is not None and (arch, method, per_stage) != (rev, "backprop", 1):
                         gap, err = s["mean"] - bp["mean"], _spread(s["std"], bp["std"])
@@ -133,6 +142,7 @@ def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
                             "decay": decay,
                             "predict": predict,
                             "blocks": per_stage,
+                            "lr": lr,
                             "epochs": epochs,
                             "minibatches": minibatches,
                             "metric": metric,
@@ -145,21 +155,31 @@ def budget_frame(summary: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
 
 
 def _setting(
-    arch: str, method: str, k: int = 1, span: int = 0, decay: str = "step", predict: float = 0.0, per_stage: int = 1
+    arch: str,
+    method: str,
+    k: int = 1,
+    span: int = 0,
+    decay: str = "step",
+    predict: float = 0.0,
+    per_stage: int = 1,
+    lr: float = 0.0,
 ) -> str:
     label = f"{model_label(arch)}, {METHOD_LABELS.get(method, method)}"
-    return label + _options(k, span, decay, predict, per_stage)
+    return label + _options(k, span, decay, predict, per_stage, lr)
 
 
-def _options(k: int = 1, span: int = 0, decay: str = "step", predict: float = 0.0, per_stage: int = 1) -> str:
-    """`` (k = 4, rebuild span 1, cosine decay, weight prediction 1, 2 blocks a stage)``: what
-    departs from the study's plain setting; '' for none."""
+def _options(
+    k: int = 1, span: int = 0, decay: str = "step", predict: float = 0.0, per_stage: int = 1, lr: float = 0.0
+) -> str:
+    """`` (k = 4, rebuild span 1, cosine decay, weight prediction 1, 2 blocks a stage, lr 0.0001)``:
+    what departs from the study's plain setting (``lr`` 0: the study's); '' for none."""
     departs = {
         f"k = {k}": k != 1,
         f"rebuild span {span}": span != 0,
         f"{decay} decay": decay != "step",
         f"weight prediction {predict:g}": predict != 0,
         f"{per_stage} blocks a stage": per_stage != 1,
+        f"lr {lr:g}": lr != 0,
     }
     options = [text for text, departing in departs.items() if departing]
     return f" ({', '.join(options)})" if options else ""
@@ -167,15 +187,25 @@ def _options(k: int = 1, span: int = 0, decay: str = "step", predict: float = 0.
 
 def _key(r) -> tuple:
     """A budget-frame row's setting, as :func:`settings_of` gives it."""
-    return (r["arch"], r["method"], int(r["k"]), int(r["span"]), r["decay"], float(r["predict"]), int(r["blocks"]))
+    return (
+        r["arch"],
+        r["method"],
+        int(r["k"]),
+        int(r["span"]),
+        r["decay"],
+        float(r["predict"]),
+        int(r["blocks"]),
+        float(r["lr"]),
+    )
 
 
 def _variants(s: pd.DataFrame, rev: str) -> list[tuple]:
-    """The settings of a model's rows: the study's step decay first, then each other decay, and in
-    each its backprop, its methods, the twin last."""
+    """The settings of a model's rows: the study's lr and step decay first, then each other lr and
+    decay, and in each its backprop, its methods, the twin last."""
     keys = {_key(r) for r in s.to_dict("records")}
     return sorted(
-        keys, key=lambda a: (a[4] != "step", a[4], a[0] != rev, a[1] != "backprop", a[1], a[2], a[3], a[5], a[6])
+        keys,
+        key=lambda a: (a[7], a[4] != "step", a[4], a[0] != rev, a[1] != "backprop", a[1], a[2], a[3], a[5], a[6]),
     )
 
 
@@ -192,7 +222,8 @@ def goals(frame: pd.DataFrame) -> list[dict]:
             best = within.loc[within["mean"].idxmin()]
             out.append(
                 {
-                    "what": f"{model_label(rev)} backprop{_options(1, 0, best['decay'], best['predict'])}, "
+                    "what": f"{model_label(rev)} backprop"
+                    f"{_options(1, 0, best['decay'], best['predict'], 1, best['lr'])}, "
                     f"{METRICS[metric]} within "
                     f"{target['backprop_within_steps']:,} steps",
                     "value": best["mean"],
@@ -203,13 +234,18 @@ def goals(frame: pd.DataFrame) -> list[dict]:
             )
         every = mine[(mine.arch == rev) & (mine.method == "petra") & (mine.k == 1)].dropna(subset=["gap"])
         order = sorted(
-            set(zip(every.decay, every.span, every.predict, every.blocks)), key=lambda o: (o[0] != "step", o)
+            set(zip(every.decay, every.span, every.predict, every.blocks, every.lr)),
+            key=lambda o: (o[4], o[0] != "step", o),
         )
-        for decay, span, predict, per_stage in order:  # the paper's PETRA, bounded rebuild chains, other recipes
+        for decay, span, predict, per_stage, lr in order:  # the paper's PETRA, bounded rebuild chains, other recipes
             petra = every[
-                (every.decay == decay) & (every.span == span) & (every.predict == predict) & (every.blocks == per_stage)
+                (every.decay == decay)
+                & (every.span == span)
+                & (every.predict == predict)
+                & (every.blocks == per_stage)
+                & (every.lr == lr)
             ]
-            who = f"{model_label(rev)} PETRA" + _options(1, span, decay, predict, per_stage)
+            who = f"{model_label(rev)} PETRA" + _options(1, span, decay, predict, per_stage, lr)
             if target.get("gap_shrinks") and petra.minibatches.nunique() >= 2:
                 first, last = petra.loc[petra.minibatches.idxmin()], petra.loc[petra.minibatches.idxmax()]
                 out.append(
@@ -246,7 +282,7 @@ def where_the_gap_is(frame: pd.DataFrame) -> list[dict]:
     out = []
     for rev, s in frame[frame.arch.isin(list(TWINS))].groupby("model", sort=False):
         mine = s[s.arch == rev]
-        recipe = (mine.decay == "step") & (mine.predict == 0)  # the study's
+        recipe = (mine.decay == "step") & (mine.predict == 0) & (mine.lr == 0)  # the study's
         split = mine[recipe & (mine.method == "petra") & (mine.k == 1) & (mine.span == 0) & (mine.blocks > 1)]
         mine = mine[recipe & (mine.blocks == 1)]
         plain = (mine.k == 1) & (mine.span == 0)
