@@ -318,6 +318,7 @@ def run(name: str, text_dir: str, image_dir: str) -> dict:
         "lr": options.get("lr", 1e-3),
         "beta1": options.get("beta1", 0.9),
         "predict": options.get("predict", 0.0),
+        "delay_lr": options.get("delay_lr", 0.0),  # each stage at lr / delay**this (0: the recipe's lr)
         "optimizer": "muon+adamw" if options.get("muon") else "sgd" if options.get("sgd") else "adamw",
         "schedule": "cosine" if options.get("cosine") else "step",
         "metric": "top1" if arch in IMAGE_ARCHS else "test_loss",

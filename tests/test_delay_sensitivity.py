@@ -49,3 +49,25 @@ def test_a_delay_scaled_lr_divides_each_stage_by_its_delay_to_the_power(bench):
         for j, stage in enumerate(stages):
             ((opt, _),) = build(j, stage, 10)
             assert opt.param_groups[0]["initial_lr"] == pytest.approx(recipe.base_lr * expected[j])
+
+
+def test_a_row_records_the_per_stage_lr_power_it_trained_with(bench, monkeypatch):
+    """The row of a ``delay_lr`` setting says which power of the delay divided each stage's lr (the
+    report names it in the row's recipe); training and evaluation are stood in for."""
+    from types import SimpleNamespace
+
+    stream = SimpleNamespace(num_batches=2, batch=lambda epoch, i: (None, None))
+    monkeypatch.setattr(bench, "data_and_model", lambda *a: (stream, stream, torch.nn.Linear(1, 1), 64))
+    seen = {}
+
+    def fake_training(model, get_batch, num_batches, delays, recipe, **kwargs):
+        seen["optimizers_for"] = kwargs["optimizers_for"]
+        return [1.0] * num_batches
+
+    monkeypatch.setattr(bench, "train_delayed", fake_training)
+    monkeypatch.setattr(bench, "evaluate", lambda model, test: {"top1": 30.0})
+    scaled = bench.run("vit-delay-lr-sqrt", "", "")
+    assert scaled["delay_lr"] == 0.5 and seen["optimizers_for"] is not None
+    plain = bench.run("vit-lr-1e-4", "", "")
+    assert plain["delay_lr"] == 0.0 and seen["optimizers_for"] is None
+    assert plain["minibatches"] == 2 * bench.VIT_EPOCHS and plain["lr"] == 1e-4

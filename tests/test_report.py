@@ -1583,6 +1583,25 @@ def test_the_delay_summary_names_the_cheapest_and_dearest_recipe_and_each_recipe
     assert "is -5.00 at 250, -4.00 at 1,000, -2.00 at 4,000 minibatches: it shrinks with the budget." in md, md
 
 
+def test_a_per_stage_lr_over_the_delay_is_a_recipe_of_its_own():
+    """A delay row whose stages step at lr / delay**p (the benchmark's ``delay_lr``) names it in its
+    recipe and is another recipe than its baseline; rows from before the column have one lr."""
+    from petra_core.report.transformers import delay_rows
+
+    def row(setting, delays, top1, baseline="", **recipe):
+        return dict(setting=setting, arch="revvit", delays=delays, question=setting, baseline=baseline, top1=top1,
+                    metric="top1", minibatches=1000, git_revision="fedcba9876", **recipe)  # fmt: skip
+
+    old = pd.DataFrame([row("none", "0 0 0", 46.0), row("pipeline", "4 2 0", 29.0, "none")])
+    scaled = pd.DataFrame([row("delay-lr", "4 2 0", 32.0, "none", delay_lr=0.5)])
+    cells = delay_rows(pd.concat([old, scaled], ignore_index=True))  # the old rows have no delay_lr: NaN
+    assert [c["recipe"] for c in cells] == ["adamw, lr 0.001, step decay"] * 2 + [
+        "adamw, lr 0.001, step decay, each stage's lr over its delay^0.5"
+    ]
+    assert [c["other_recipe"] for c in cells] == [False, False, True]
+    assert cells[-1]["cost"] == pytest.approx(-14.0)
+
+
 def test_petras_gap_is_split_into_the_delays_share_and_its_own():
     from petra_core.report.transformers import where_the_gap_is
 

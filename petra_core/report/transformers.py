@@ -384,8 +384,12 @@ def delay_rows(delays: pd.DataFrame) -> list[dict]:
     if delays.empty:
         return []
     # rows measured before the cosine settings have no schedule (the study's steps), before the
-    # RevViT settings no metric (validation loss)
-    delays = delays.assign(schedule=_column(delays, "schedule", "step"), metric=_column(delays, "metric", "test_loss"))
+    # RevViT settings no metric (validation loss), before the per-stage lr no delay_lr (one lr)
+    delays = delays.assign(
+        schedule=_column(delays, "schedule", "step"),
+        metric=_column(delays, "metric", "test_loss"),
+        delay_lr=_column(delays, "delay_lr", 0.0),
+    )
     by_name = delays.set_index("setting")
     out = []
     for r in delays.to_dict("records"):
@@ -404,7 +408,9 @@ def delay_rows(delays: pd.DataFrame) -> list[dict]:
                 "against": by_name.loc[base, "question"] if has_base else None,
                 # a baseline with another recipe (lr 3e-4 without delay against backprop's lr 1e-3)
                 "other_recipe": has_base
-                and any(k in r and r[k] != by_name.loc[base, k] for k in ("lr", "beta1", "predict", "schedule")),
+                and any(
+                    k in r and r[k] != by_name.loc[base, k] for k in ("lr", "beta1", "predict", "delay_lr", "schedule")
+                ),
                 "minibatches": int(r["minibatches"]),
                 "schedule": r["schedule"],
                 "recipe": _recipe(r),
@@ -414,12 +420,20 @@ def delay_rows(delays: pd.DataFrame) -> list[dict]:
     return out
 
 
-RECIPE_DEFAULTS = {"optimizer": "adamw", "lr": 1e-3, "beta1": 0.9, "predict": 0.0, "schedule": "step"}
+RECIPE_DEFAULTS = {
+    "optimizer": "adamw",
+    "lr": 1e-3,
+    "beta1": 0.9,
+    "predict": 0.0,
+    "delay_lr": 0.0,  # each stage's lr over its delay to this power (0: one lr for every stage)
+    "schedule": "step",
+}
 
 
 def _recipe(row: dict) -> str:
     """A delay row's optimizer, lr and schedule, and what else departs from the study's (AdamW's
-    beta1 0.9, no weight prediction): ``adamw, lr 0.0001, step decay``; the defaults where a row
+    beta1 0.9, no weight prediction, one lr for every stage): ``adamw, lr 0.0001, step decay``,
+    ``..., each stage's lr over its delay^0.5``; the defaults where a row
     (from before the column) has none."""
 
     def get(key):
@@ -431,6 +445,8 @@ def _recipe(row: dict) -> str:
         text += f", beta1 {float(get('beta1')):g}"
     if float(get("predict")):
         text += f", weight prediction {float(get('predict')):g}"
+    if float(get("delay_lr")):
+        text += f", each stage's lr over its delay^{float(get('delay_lr')):g}"
     return text
 
 
