@@ -1602,8 +1602,9 @@ def test_a_per_stage_lr_over_the_delay_is_a_recipe_of_its_own():
     assert cells[-1]["cost"] == pytest.approx(-14.0)
 
 
-def test_petras_gap_is_split_into_the_delays_share_and_its_own():
-    from petra_core.report.transformers import where_the_gap_is
+def test_petras_gap_is_split_into_the_delays_share_and_its_own(tf_runs):
+    from petra_core.report.tables import render
+    from petra_core.report.transformers import transformers_context, where_the_gap_is
 
     rows = [
         ("revgpt", "petra", 1, 0, 100, 0.9),
@@ -1633,16 +1634,27 @@ def test_petras_gap_is_split_into_the_delays_share_and_its_own():
             for a, m, k, s, b, g in rows
         ]
     )
-    # Runs of another recipe (cosine decay, weight prediction, another lr) at a larger budget stay out of the split.
+    # Runs of another recipe (cosine decay, weight prediction, another lr) at a larger budget stay out
+    # of the study's split and get their own, each under its recipe, after the study's.
     other_recipes = pd.concat(
         [
             frame.iloc[[1, 3]].assign(minibatches=400, decay="cosine"),
             frame.iloc[[1, 3]].assign(minibatches=400, predict=1.0),
-            frame.iloc[[1, 3]].assign(minibatches=400, lr=1e-4),
+            frame.iloc[[1, 3]].assign(minibatches=400, lr=1e-4, gap=[0.6, 0.5]),
         ]
     )
-    (split,) = where_the_gap_is(pd.concat([frame, other_recipes], ignore_index=True))
-    assert split["minibatches"] == 200
+    splits = where_the_gap_is(pd.concat([other_recipes, frame], ignore_index=True))
+    assert [(w["recipe"], w["minibatches"]) for w in splits] == [
+        ("", 200),
+        ("cosine decay", 400),
+        ("weight prediction 1", 400),
+        ("lr 0.0001", 400),
+    ]
+    assert (splits[3]["petra"], splits[3]["delay"]) == (0.6, 0.5) and splits[3]["larger_k"] == []
+    context = {**transformers_context(tf_runs, "faketf"), "gap_split": splits}
+    md = render("transformers", "md", context)
+    assert "**Where PETRA's gap comes from** (RevGPT, 200 minibatches): of its +0.800" in md, md
+    assert "**Where PETRA's gap comes from** (RevGPT, lr 0.0001, 400 minibatches): of its +0.600" in md
     (split,) = where_the_gap_is(frame)
     assert split["minibatches"] == 200  # the largest budget both ran
     assert (split["petra"], split["delay"]) == (0.8, 0.3) and split["rest"] == pytest.approx(0.5)

@@ -272,45 +272,50 @@ def goals(frame: pd.DataFrame) -> list[dict]:
 
 
 def where_the_gap_is(frame: pd.DataFrame) -> list[dict]:
-    """Per reversible model, at the largest budget where PETRA (k = 1) and delayed gradients with
-    weight stashing both ran: PETRA's gap to backprop split into the delay's share (the stashed run
-    has PETRA's delays with exact weights) and the rest (PETRA computes on current weights, its
-    input rebuilt with them). Where DSP ran there too, the rest splits again: current weights on
-    exact inputs (DSP minus delayed) and the rebuilt inputs (PETRA minus DSP). Beside them, PETRA
-    with k > 1, with bounded rebuild chains and with several blocks a stage (fewer stages, shorter
+    """Per reversible model and recipe (decay, weight prediction, lr; the study's first), at the
+    largest budget where PETRA (k = 1) and delayed gradients with weight stashing both ran under it:
+    PETRA's gap to backprop split into the delay's share (the stashed run has PETRA's delays with
+    exact weights) and the rest (PETRA computes on current weights, its input rebuilt with them).
+    Where DSP ran there too, the rest splits again: current weights on exact inputs (DSP minus
+    delayed) and the rebuilt inputs (PETRA minus DSP). Beside them, PETRA under the same recipe with
+    k > 1, with bounded rebuild chains and with several blocks a stage (fewer stages, shorter
     delays). Only what the records hold."""
     out = []
     for rev, s in frame[frame.arch.isin(list(TWINS))].groupby("model", sort=False):
-        mine = s[s.arch == rev]
-        recipe = (mine.decay == "step") & (mine.predict == 0) & (mine.lr == 0)  # the study's
-        split = mine[recipe & (mine.method == "petra") & (mine.k == 1) & (mine.span == 0) & (mine.blocks > 1)]
-        mine = mine[recipe & (mine.blocks == 1)]
-        plain = (mine.k == 1) & (mine.span == 0)
-        petra = mine[plain & (mine.method == "petra")].set_index("minibatches")
-        delayed = mine[plain & (mine.method == "delayed")].set_index("minibatches")
-        both = sorted(set(petra.index) & set(delayed.index))
-        if not both:
-            continue
-        at = both[-1]
-        dsp = mine[plain & (mine.method == "dsp") & (mine.minibatches == at)]
-        others = mine[(mine.method == "petra") & (mine.minibatches == at) & ~plain].sort_values(["span", "k"])
-        current = float(dsp.gap.iloc[0]) - delayed.loc[at, "gap"] if not dsp.empty else None
-        fewer = split[split.minibatches == at].sort_values("blocks")
-        out.append(
-            {
-                "model": model_label(rev),
-                "unit": "nats/char" if petra.loc[at, "metric"] == "test_loss" else "points of top-1",
-                "minibatches": int(at),
-                "petra": petra.loc[at, "gap"],
-                "delay": delayed.loc[at, "gap"],
-                "rest": petra.loc[at, "gap"] - delayed.loc[at, "gap"],
-                "current_weights": current,
-                "rebuilt_inputs": petra.loc[at, "gap"] - float(dsp.gap.iloc[0]) if not dsp.empty else None,
-                "larger_k": [{"k": int(r.k), "gap": r.gap} for r in others.itertuples() if r.span == 0],
-                "bounded": [{"span": int(r.span), "gap": r.gap} for r in others.itertuples() if r.k == 1],
-                "fewer_stages": [{"blocks": int(r.blocks), "gap": r.gap} for r in fewer.itertuples()],
-            }
-        )
+        model = s[s.arch == rev]
+        recipes = model[["decay", "predict", "lr"]].drop_duplicates()
+        study = (recipes.decay == "step") & (recipes.predict == 0) & (recipes.lr == 0)
+        for decay, predict, lr in pd.concat([recipes[study], recipes[~study]]).itertuples(index=False):
+            mine = model[(model.decay == decay) & (model.predict == predict) & (model.lr == lr)]
+            split = mine[(mine.method == "petra") & (mine.k == 1) & (mine.span == 0) & (mine.blocks > 1)]
+            mine = mine[mine.blocks == 1]
+            plain = (mine.k == 1) & (mine.span == 0)
+            petra = mine[plain & (mine.method == "petra")].set_index("minibatches")
+            delayed = mine[plain & (mine.method == "delayed")].set_index("minibatches")
+            both = sorted(set(petra.index) & set(delayed.index))
+            if not both:
+                continue
+            at = both[-1]
+            dsp = mine[plain & (mine.method == "dsp") & (mine.minibatches == at)]
+            others = mine[(mine.method == "petra") & (mine.minibatches == at) & ~plain].sort_values(["span", "k"])
+            current = float(dsp.gap.iloc[0]) - delayed.loc[at, "gap"] if not dsp.empty else None
+            fewer = split[split.minibatches == at].sort_values("blocks")
+            out.append(
+                {
+                    "model": model_label(rev),
+                    "recipe": _options(decay=decay, predict=predict, lr=lr).strip(" ()"),  # '' for the study's
+                    "unit": "nats/char" if petra.loc[at, "metric"] == "test_loss" else "points of top-1",
+                    "minibatches": int(at),
+                    "petra": petra.loc[at, "gap"],
+                    "delay": delayed.loc[at, "gap"],
+                    "rest": petra.loc[at, "gap"] - delayed.loc[at, "gap"],
+                    "current_weights": current,
+                    "rebuilt_inputs": petra.loc[at, "gap"] - float(dsp.gap.iloc[0]) if not dsp.empty else None,
+                    "larger_k": [{"k": int(r.k), "gap": r.gap} for r in others.itertuples() if r.span == 0],
+                    "bounded": [{"span": int(r.span), "gap": r.gap} for r in others.itertuples() if r.k == 1],
+                    "fewer_stages": [{"blocks": int(r.blocks), "gap": r.gap} for r in fewer.itertuples()],
+                }
+            )
     return out
 
 
