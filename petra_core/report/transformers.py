@@ -283,10 +283,9 @@ def where_the_gap_is(frame: pd.DataFrame) -> list[dict]:
     out = []
     for rev, s in frame[frame.arch.isin(list(TWINS))].groupby("model", sort=False):
         model = s[s.arch == rev]
-        recipes = model[["decay", "predict", "lr"]].drop_duplicates()
-        study = (recipes.decay == "step") & (recipes.predict == 0) & (recipes.lr == 0)
-        for decay, predict, lr in pd.concat([recipes[study], recipes[~study]]).itertuples(index=False):
-            mine = model[(model.decay == decay) & (model.predict == predict) & (model.lr == lr)]
+        by_recipe = model.groupby(["decay", "predict", "lr"], sort=False)
+        study_first = sorted(by_recipe, key=lambda group: group[0] != ("step", 0, 0))  # stable: the rest as met
+        for (decay, predict, lr), mine in study_first:
             split = mine[(mine.method == "petra") & (mine.k == 1) & (mine.span == 0) & (mine.blocks > 1)]
             mine = mine[mine.blocks == 1]
             plain = (mine.k == 1) & (mine.span == 0)
