@@ -173,6 +173,16 @@ SETTINGS: dict[str, tuple[str, tuple[int, ...], str, dict, str]] = {
         "vit-none",
     ),
     "vit-uniform": ("revvit", (14,) * 8, "every stage the stem's delay (14)", {}, "vit-none"),
+    # shorter delays: PETRA's with RevViT's 6 blocks in one stage (J = 3), and a quarter of the
+    # pipeline's (rounded up: the staleness in optimizer steps of accumulation k = 4)
+    "vit-three-stages": (
+        "revvit",
+        (4,) + (2,) * 6 + (0,),
+        "the delays of 3 stages (all 6 blocks in one)",
+        {},
+        "vit-none",
+    ),
+    "vit-quarter": ("revvit", (4, 3, 3, 2, 2, 1, 1, 0), "a quarter of the pipeline's, rounded up", {}, "vit-none"),
     "vit-cosine-none": ("revvit", (0,) * 8, "no delay, minREV's cosine", {"cosine": True}, ""),
     "vit-cosine": ("revvit", VIT_PIPELINE, "the pipeline's, minREV's cosine", {"cosine": True}, "vit-cosine-none"),
     "vit-cosine-none-e1": (
