@@ -14,7 +14,8 @@ the ``vit-`` settings: the profile's RevViT run at 1,000 minibatches, seed 0, wi
 16,000 images of CIFAR-10, Adam betas 0.9/0.999, the same steps, its 8 stages: stem, 6 blocks, head;
 its result is top-1; the later ``vit-`` settings ask what might make the delay cheaper there: another
 lr, also at 250 and 4,000 minibatches, SGD, AdamW without momentum, a per-stage lr over the delay,
-minREV's cosine decay),
+minREV's cosine decay, shorter delays (3 stages', a quarter of the pipeline's), and every stage
+the stem's delay),
 trained with stage j's gradients applied
 ``delays[j]`` minibatches late (revgpt's 6 stages: stem, 4 blocks, head). ``none`` is backprop and
 ``pipeline`` (2(J-1-j)) the engine's ``delayed`` method, each the same training as the engine's

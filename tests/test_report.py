@@ -1667,3 +1667,51 @@ def test_petras_gap_is_split_into_the_delays_share_and_its_own(tf_runs):
     split_by_two = frame.iloc[[1]].assign(blocks=2, gap=0.2)  # PETRA with 2 blocks a stage, at 200
     (split,) = where_the_gap_is(pd.concat([frame, split_by_two], ignore_index=True))
     assert split["fewer_stages"] == [{"blocks": 2, "gap": 0.2}] and split["petra"] == 0.8
+
+
+def test_what_a_lower_lr_costs_backprop_is_set_beside_petras_gap(tf_runs):
+    """Backprop at another peak lr against the study's, at each budget both ran, and PETRA's gap at
+    the study's lr over the same budgets: whether each grows with the budget."""
+    from petra_core.report.tables import render
+    from petra_core.report.transformers import lower_lr_cost, transformers_context
+
+    def row(method, lr, minibatches, mean, gap=float("nan"), **other):
+        return {"model": "revvit", "arch": "revvit", "method": method, "k": 1, "span": 0, "decay": "step",
+                "predict": 0.0, "blocks": 1, "lr": lr, "minibatches": minibatches, "metric": "top1",
+                "mean": mean, "std": 0.5, "n": 2, "gap": gap, "gap_err": 0.7, **other}  # fmt: skip
+
+    frame = pd.DataFrame(
+        [
+            row("backprop", 0.0, 250, 30.0),
+            row("backprop", 0.0, 1000, 46.0),
+            row("backprop", 0.0, 2000, 55.0),  # no lr-1e-4 run here: not a point
+            row("backprop", 0.0, 4000, 63.0),
+            row("backprop", 1e-4, 250, 25.0),
+            row("backprop", 1e-4, 1000, 35.0),
+            row("backprop", 1e-4, 4000, 50.0),
+            row("petra", 0.0, 250, 20.0, gap=-10.0),
+            row("petra", 0.0, 4000, 33.0, gap=-30.0),
+            row("backprop", 1e-4, 1000, 30.0, decay="cosine"),  # another decay: left out
+            row("backprop", 1e-4, 1000, 30.0, blocks=3),  # another split: left out
+        ]
+    )
+    (cost,) = lower_lr_cost(frame)
+    assert (cost["model"], cost["lr"], cost["unit"]) == ("RevViT", 1e-4, "points of top-1")
+    assert [(p["minibatches"], p["cost"], p["petra_gap"]) for p in cost["points"]] == [
+        (250, -5.0, -10.0),
+        (1000, -11.0, None),
+        (4000, -13.0, -30.0),
+    ]
+    assert cost["grows"] and cost["petra_grows"]
+    assert cost["points"][0]["err"] == pytest.approx(0.5 * 2**0.5)
+    shrinking = frame.assign(mean=[30.0, 46.0, 55.0, 63.0, 20.0, 40.0, 61.0, 20.0, 33.0, 30.0, 30.0])
+    assert not lower_lr_cost(shrinking)[0]["grows"]
+    assert lower_lr_cost(frame[frame.lr == 0]) == []  # no other lr: nothing to say
+    context = {**transformers_context(tf_runs, "faketf"), "lower_lr": [cost]}
+    md = render("transformers", "md", context)
+    assert (
+        "**What a lower lr costs backprop itself** (RevViT, lr 0.0001 against the study's, the same step decay): "
+        "-5.000 ± 0.707 points of top-1 at 250, -11.000 ± 0.707 points of top-1 at 1,000, -13.000 ± 0.707 points "
+        "of top-1 at 4,000 minibatches: it grows with the budget, as PETRA's gap at the study's lr grows "
+        "(-10.000, -30.000)." in md
+    ), md

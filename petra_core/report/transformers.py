@@ -318,6 +318,46 @@ def where_the_gap_is(frame: pd.DataFrame) -> list[dict]:
     return out
 
 
+def lower_lr_cost(frame: pd.DataFrame) -> list[dict]:
+    """Per reversible model and other peak lr: what that lr costs backprop itself against the
+    study's, at each budget both ran (step decay, k = 1), beside PETRA's gap at the study's lr over
+    the same budgets. The delay acts on training much as a lower lr does (the delayed reference's
+    pipeline cost is least at the lowest lr), so where a lower lr costs backprop more as the budget
+    grows, so does the delay. Only what the records hold."""
+    out = []
+    plain = (frame.k == 1) & (frame.span == 0) & (frame.blocks == 1) & (frame.decay == "step") & (frame.predict == 0)
+    for rev, s in frame[plain & (frame.arch == frame.model)].groupby("model", sort=False):
+        backprop = s[s.method == "backprop"]
+        study = backprop[backprop.lr == 0].set_index("minibatches")
+        petra = s[(s.method == "petra") & (s.lr == 0)].set_index("minibatches")
+        for lr, other in backprop[backprop.lr != 0].groupby("lr"):
+            other = other.set_index("minibatches")
+            both = sorted(set(study.index) & set(other.index))
+            if len(both) < 2:
+                continue
+            points = [
+                {
+                    "minibatches": int(b),
+                    "cost": other.loc[b, "mean"] - study.loc[b, "mean"],
+                    "err": _spread(other.loc[b, "std"], study.loc[b, "std"]),
+                    "petra_gap": petra.loc[b, "gap"] if b in petra.index else None,
+                }
+                for b in both
+            ]
+            gaps = [p["petra_gap"] for p in points if p["petra_gap"] is not None]
+            out.append(
+                {
+                    "model": model_label(rev),
+                    "lr": float(lr),
+                    "unit": "nats/char" if other["metric"].iloc[0] == "test_loss" else "points of top-1",
+                    "points": points,
+                    "grows": bool(abs(points[-1]["cost"]) > abs(points[0]["cost"])),
+                    "petra_grows": bool(abs(gaps[-1]) > abs(gaps[0])) if len(gaps) >= 2 else None,
+                }
+            )
+    return out
+
+
 def memory_rows(results: pd.DataFrame) -> list[dict]:
     """Per (model, method): the bytes kept between forward and backward, over all stages and at the
     largest stage (measured by the run; the same for every seed and budget)."""
@@ -543,6 +583,7 @@ def transformers_context(frames: dict, profile: str) -> dict:
         )
     context["goals"] = goals(frame)
     context["gap_split"] = where_the_gap_is(frame)
+    context["lower_lr"] = lower_lr_cost(frame)
     context["memory"] = memory_rows(results)
     context["drift"] = drift_rows(frames.get("fidelity", pd.DataFrame()))
     context["delays"] = delay_tables(delay_rows(frames.get("delays", pd.DataFrame())))
