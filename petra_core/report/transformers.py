@@ -321,9 +321,9 @@ def where_the_gap_is(frame: pd.DataFrame) -> list[dict]:
 def lower_lr_cost(frame: pd.DataFrame) -> list[dict]:
     """Per reversible model and other peak lr: what that lr costs backprop itself against the
     study's, at each budget both ran (step decay, k = 1), beside PETRA's gap at the study's lr over
-    the same budgets. The delay acts on training much as a lower lr does (the delayed reference's
-    pipeline cost is least at the lowest lr), so where a lower lr costs backprop more as the budget
-    grows, so does the delay. Only what the records hold."""
+    the same budgets. In the delayed reference the delay costs less the lower the lr, so a delayed
+    run's best lr is below backprop's, and PETRA's gap carries what that lower lr costs backprop.
+    Only what the records hold."""
     out = []
     plain = (frame.k == 1) & (frame.span == 0) & (frame.blocks == 1) & (frame.decay == "step") & (frame.predict == 0)
     for rev, s in frame[plain & (frame.arch == frame.model)].groupby("model", sort=False):
