@@ -15,7 +15,7 @@ the ``vit-`` settings: the profile's RevViT run at 1,000 minibatches, seed 0, wi
 its result is top-1; the later ``vit-`` settings ask what might make the delay cheaper there:
 another lr (1e-4 also at 250 and 4,000 minibatches, 3e-5 also at 4,000), SGD, AdamW without
 momentum, a per-stage lr over the delay, minREV's cosine decay, shorter delays (3 stages', a
-quarter of the pipeline's), and every stage the stem's delay),
+quarter of the pipeline's), and every stage the stem's delay; ``vit-twin-``: the non-reversible twin),
 trained with stage j's gradients applied
 ``delays[j]`` minibatches late (revgpt's 6 stages: stem, 4 blocks, head). ``none`` is backprop and
 ``pipeline`` (2(J-1-j)) the engine's ``delayed`` method, each the same training as the engine's
@@ -190,6 +190,9 @@ SETTINGS: dict[str, tuple[str, tuple[int, ...], str, dict, str]] = {
         "vit-none",
     ),
     "vit-uniform": ("revvit", (14,) * 8, "every stage the stem's delay (14)", {}, "vit-none"),
+    # the non-reversible twin ViT (the same parameters): is the delay's cost RevViT's or a ViT's?
+    "vit-twin-none": ("vit", (0,) * 8, "the non-reversible twin, no delay", {}, "vit-none"),
+    "vit-twin-pipeline": ("vit", VIT_PIPELINE, "the twin, the pipeline's delays", {}, "vit-twin-none"),
     # shorter delays: PETRA's with RevViT's 6 blocks in one stage (J = 3), and a quarter of the
     # pipeline's (rounded up: the staleness in optimizer steps of accumulation k = 4)
     "vit-three-stages": (
