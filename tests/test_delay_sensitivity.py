@@ -20,11 +20,10 @@ def bench():
 
 def test_every_setting_names_a_known_baseline_with_its_model_and_a_delay_per_stage(bench):
     stages = {"revgpt": 6, "gpt": 6, "revvit": 8, "vit": 8}
+    twins = {"gpt": "revgpt", "vit": "revvit"}  # a twin's no-delay row is costed against the reversible's
     for name, (arch, delays, question, options, baseline) in bench.SETTINGS.items():
         assert len(delays) == stages[arch], name
-        reversible = {"gpt": "revgpt", "vit": "revvit"}.get(
-            arch, arch
-        )  # a twin's no-delay row: against the reversible's
+        reversible = twins.get(arch, arch)
         assert baseline == "" or bench.SETTINGS[baseline][0] in (arch, reversible), name
         assert question and isinstance(options, dict), name
 
