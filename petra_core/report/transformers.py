@@ -26,6 +26,7 @@ GOALS = {  # (reversible arch, metric) -> the study's targets (issue 43's CPU-sc
 STUDY_LR = 1e-3  # the study's AdamW lr (profiles/transformers.yaml, train.base_lr): a setting names another
 METRICS = {"test_loss": "validation loss (nats/char)", "top1": "top-1 (%)"}
 DIGITS = {"test_loss": 3, "top1": 2}  # how a metric's values are printed
+UNITS = {"test_loss": "nats/char", "top1": "points of top-1"}  # what a gap or cost in the metric is counted in
 
 
 def applies(summary: pd.DataFrame) -> bool:
@@ -303,7 +304,7 @@ def where_the_gap_is(frame: pd.DataFrame) -> list[dict]:
                 {
                     "model": model_label(rev),
                     "recipe": _options(decay=decay, predict=predict, lr=lr).strip(" ()"),  # '' for the study's
-                    "unit": "nats/char" if petra.loc[at, "metric"] == "test_loss" else "points of top-1",
+                    "unit": UNITS[petra.loc[at, "metric"]],
                     "minibatches": int(at),
                     "petra": petra.loc[at, "gap"],
                     "delay": delayed.loc[at, "gap"],
@@ -349,7 +350,7 @@ def lower_lr_cost(frame: pd.DataFrame) -> list[dict]:
                 {
                     "model": model_label(rev),
                     "lr": float(lr),
-                    "unit": "nats/char" if other["metric"].iloc[0] == "test_loss" else "points of top-1",
+                    "unit": UNITS[other["metric"].iloc[0]],
                     "points": points,
                     "grows": bool(abs(points[-1]["cost"]) > abs(points[0]["cost"])),
                     "petra_grows": bool(abs(gaps[-1]) > abs(gaps[0])) if len(gaps) >= 2 else None,
