@@ -189,6 +189,16 @@ SETTINGS: dict[str, tuple[str, tuple[int, ...], str, dict, str]] = {
         {"delay_lr": 0.5},
         "vit-none",
     ),
+    # a shorter memory of Adam's second moment (beta2 0.95, the LLMs' choice for stability): does
+    # a denominator that follows the gradients' size within tens of steps damp the delay's swings?
+    "vit-none-beta2-0.95": ("revvit", (0,) * 8, "no delay, Adam's beta2 0.95", {"beta2": 0.95}, "vit-none"),
+    "vit-beta2-0.95": (
+        "revvit",
+        VIT_PIPELINE,
+        "the pipeline's, Adam's beta2 0.95",
+        {"beta2": 0.95},
+        "vit-none-beta2-0.95",
+    ),
     "vit-uniform": ("revvit", (14,) * 8, "every stage the stem's delay (14)", {}, "vit-none"),
     # the non-reversible twin ViT (the same parameters): is the delay's cost RevViT's or a ViT's?
     "vit-twin-none": ("vit", (0,) * 8, "the non-reversible twin, no delay", {}, "vit-none"),
@@ -254,11 +264,16 @@ def recipe(options: dict, arch: str = "revgpt") -> Recipe:
     return Recipe(
         base_lr=options.get("lr", 1e-3),
         optimizer="adamw",
-        betas=(options.get("beta1", 0.9), 0.999 if arch in IMAGE_ARCHS else 0.99),
+        betas=(options.get("beta1", 0.9), beta2(options, arch)),
         weight_decay=0.1,
         scale_lr=False,
         **schedule,
     )
+
+
+def beta2(options: dict, arch: str) -> float:
+    """Adam's beta2: the setting's, else the recipe's (minREV's 0.999 for RevViT, nanoGPT's 0.99)."""
+    return options.get("beta2", 0.999 if arch in IMAGE_ARCHS else 0.99)
 
 
 def muon_on_the_blocks(recipe: Recipe, batch_size: int):
@@ -347,6 +362,7 @@ def run(name: str, text_dir: str, image_dir: str) -> dict:
         "baseline": baseline,
         "lr": options.get("lr", 1e-3),
         "beta1": options.get("beta1", 0.9),
+        "beta2": beta2(options, arch),
         "predict": options.get("predict", 0.0),
         "delay_lr": options.get("delay_lr", 0.0),  # each stage at lr / delay**this (0: the recipe's lr)
         "optimizer": "muon+adamw" if options.get("muon") else "sgd" if options.get("sgd") else "adamw",

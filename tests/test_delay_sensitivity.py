@@ -32,6 +32,8 @@ def test_the_revvit_recipes_follow_the_named_budget_schedule_and_optimizer(bench
     step = bench.recipe({"lr": 1e-4, "epochs": 16}, "revvit")
     assert (step.base_lr, step.optimizer, step.warmup_epochs, step.milestones) == (1e-4, "adamw", 2.0, (10.0, 14.0))
     assert step.betas == (0.9, 0.999)
+    assert bench.recipe(bench.SETTINGS["vit-beta2-0.95"][3], "revvit").betas == (0.9, 0.95)
+    assert bench.recipe({}, "revgpt").betas == (0.9, 0.99)  # nanoGPT's
     default = bench.recipe({}, "revvit")  # the profile's 1,000 minibatches
     assert (default.warmup_epochs, default.milestones) == (0.5, (2.5, 3.5))
     cosine = bench.recipe({"cosine": True, "epochs": 1}, "revvit")  # minREV's: down to 0
@@ -71,4 +73,5 @@ def test_a_row_records_the_per_stage_lr_power_it_trained_with(bench, monkeypatch
     assert scaled["delay_lr"] == 0.5 and seen["optimizers_for"] is not None
     plain = bench.run("vit-lr-1e-4", "", "")
     assert plain["delay_lr"] == 0.0 and seen["optimizers_for"] is None
+    assert (plain["beta2"], bench.run("vit-beta2-0.95", "", "")["beta2"]) == (0.999, 0.95)
     assert plain["minibatches"] == 2 * bench.VIT_EPOCHS and plain["lr"] == 1e-4
