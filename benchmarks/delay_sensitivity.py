@@ -13,11 +13,10 @@ matrices; ``branch``: only that branch's parameters wait, the rest of a block st
 the ``vit-`` settings: the profile's RevViT run at 1,000 minibatches, seed 0, width 64 on the first
 16,000 images of CIFAR-10, Adam betas 0.9/0.999, the same steps, its 8 stages: stem, 6 blocks, head;
 its result is top-1; the later ``vit-`` settings ask what might make the delay cheaper there:
-another lr (1e-4 also at 250 and 4,000 minibatches, 3e-5 also at 4,000), SGD, AdamW without
-momentum, a per-stage lr over the delay, minREV's cosine decay, shorter delays (3 stages', a
-quarter of the pipeline's), and every stage the stem's delay; ``vit-twin-``: the non-reversible twin),
-trained with stage j's gradients applied
-``delays[j]`` minibatches late (revgpt's 6 stages: stem, 4 blocks, head). ``none`` is backprop and
+another lr (1e-4 also at 250, 4,000 and 16,000 minibatches, 3e-5 also at 4,000), SGD, AdamW
+without momentum or with beta2 0.95, a per-stage lr over the delay, minREV's cosine decay, shorter
+delays (3 stages', a quarter of the pipeline's), and every stage the stem's delay; ``vit-twin-``:
+the non-reversible twin), trained with stage j's gradients applied ``delays[j]`` minibatches late (revgpt's 6 stages: stem, 4 blocks, head). ``none`` is backprop and
 ``pipeline`` (2(J-1-j)) the engine's ``delayed`` method, each the same training as the engine's
 (tests/test_delayed_reference.py), so their losses are the profile's records (on RevViT
 ``vit-none`` gave the backprop record's top-1, 46.02, and ``vit-pipeline`` 28.77 against the delayed
@@ -137,6 +136,22 @@ SETTINGS: dict[str, tuple[str, tuple[int, ...], str, dict, str]] = {
         "the pipeline's at lr 1e-4, 4,000 minibatches",
         {"lr": 1e-4, "epochs": 16},
         "vit-none-lr-1e-4-e16",
+    ),
+    # 64 passes over the 16,000 images (16,000 minibatches, near the RevNet budget study's 80): does
+    # the delay's cost, growing from 250 to 4,000 minibatches, turn once backprop nears its plateau?
+    "vit-none-lr-1e-4-e64": (
+        "revvit",
+        (0,) * 8,
+        "no delay at lr 1e-4, 16,000 minibatches",
+        {"lr": 1e-4, "epochs": 64},
+        "",
+    ),
+    "vit-lr-1e-4-e64": (
+        "revvit",
+        VIT_PIPELINE,
+        "the pipeline's at lr 1e-4, 16,000 minibatches",
+        {"lr": 1e-4, "epochs": 64},
+        "vit-none-lr-1e-4-e64",
     ),
     "vit-none-lr-3e-5": ("revvit", (0,) * 8, "no delay at lr 3e-5", {"lr": 3e-5}, "vit-none"),
     "vit-lr-3e-5": ("revvit", VIT_PIPELINE, "the pipeline's at lr 3e-5", {"lr": 3e-5}, "vit-none-lr-3e-5"),
