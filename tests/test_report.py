@@ -1602,6 +1602,27 @@ def test_a_per_stage_lr_over_the_delay_is_a_recipe_of_its_own():
     assert cells[-1]["cost"] == pytest.approx(-14.0)
 
 
+def test_another_adam_beta2_is_a_recipe_of_its_own_against_each_models_own():
+    """A delay row with another beta2 than its model's recipe (nanoGPT's 0.99 for the GPTs, minREV's
+    0.999 for the ViTs) names it and is another recipe than its baseline; rows from before the
+    column are their model's recipe's."""
+    from petra_core.report.transformers import delay_rows
+
+    def row(setting, arch, top1, baseline="", **recipe):
+        return dict(setting=setting, arch=arch, delays="4 2 0", question=setting, baseline=baseline, top1=top1,
+                    metric="top1", minibatches=1000, git_revision="fedcba9876", **recipe)  # fmt: skip
+
+    old = pd.DataFrame([row("vit", "revvit", 29.0), row("gpt", "revgpt", 30.0)])
+    new = pd.DataFrame(
+        [row("vit-0.999", "revvit", 28.0, "vit", beta2=0.999), row("vit-0.95", "revvit", 27.0, "vit", beta2=0.95)]
+    )
+    cells = delay_rows(pd.concat([old, new], ignore_index=True))
+    assert [c["recipe"] for c in cells] == ["adamw, lr 0.001, step decay"] * 3 + [
+        "adamw, lr 0.001, step decay, beta2 0.95"
+    ]
+    assert [c["other_recipe"] for c in cells] == [False, False, False, True]
+
+
 def test_petras_gap_is_split_into_the_delays_share_and_its_own(tf_runs):
     from petra_core.report.tables import render
     from petra_core.report.transformers import transformers_context, where_the_gap_is

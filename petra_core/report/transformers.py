@@ -429,11 +429,13 @@ def delay_rows(delays: pd.DataFrame) -> list[dict]:
     if delays.empty:
         return []
     # rows measured before the cosine settings have no schedule (the study's steps), before the
-    # RevViT settings no metric (validation loss), before the per-stage lr no delay_lr (one lr)
+    # RevViT settings no metric (validation loss), before the per-stage lr no delay_lr (one lr),
+    # before beta2 was a setting's option no beta2 (their model's recipe's)
     delays = delays.assign(
         schedule=_column(delays, "schedule", "step"),
         metric=_column(delays, "metric", "test_loss"),
         delay_lr=_column(delays, "delay_lr", 0.0),
+        beta2=_column(delays, "beta2", pd.NA).fillna(delays["arch"].map(RECIPE_BETA2)),
     )
     by_name = delays.set_index("setting")
     out = []
@@ -454,7 +456,8 @@ def delay_rows(delays: pd.DataFrame) -> list[dict]:
                 # a baseline with another recipe (lr 3e-4 without delay against backprop's lr 1e-3)
                 "other_recipe": has_base
                 and any(
-                    k in r and r[k] != by_name.loc[base, k] for k in ("lr", "beta1", "predict", "delay_lr", "schedule")
+                    k in r and r[k] != by_name.loc[base, k]
+                    for k in ("lr", "beta1", "beta2", "predict", "delay_lr", "schedule")
                 ),
                 "minibatches": int(r["minibatches"]),
                 "schedule": r["schedule"],
@@ -473,11 +476,14 @@ RECIPE_DEFAULTS = {
     "delay_lr": 0.0,  # each stage's lr over its delay to this power (0: one lr for every stage)
     "schedule": "step",
 }
+# Adam's beta2 in each model's recipe: nanoGPT's for the GPTs, minREV's for the ViTs
+RECIPE_BETA2 = {"revgpt": 0.99, "gpt": 0.99, "revvit": 0.999, "vit": 0.999}
 
 
 def _recipe(row: dict) -> str:
     """A delay row's optimizer, lr and schedule, and what else departs from the study's (AdamW's
-    beta1 0.9, no weight prediction, one lr for every stage): ``adamw, lr 0.0001, step decay``,
+    beta1 0.9 and its model's beta2, no weight prediction, one lr for every stage):
+    ``adamw, lr 0.0001, step decay``,
     ``..., each stage's lr over its delay^0.5``; the defaults where a row
     (from before the column) has none."""
 
@@ -488,6 +494,9 @@ def _recipe(row: dict) -> str:
     text = f"{get('optimizer')}, lr {float(get('lr')):g}, {get('schedule')} decay"
     if get("optimizer") != "sgd" and float(get("beta1")) != RECIPE_DEFAULTS["beta1"]:
         text += f", beta1 {float(get('beta1')):g}"
+    beta2 = row.get("beta2")
+    if get("optimizer") != "sgd" and beta2 is not None and float(beta2) != RECIPE_BETA2.get(row.get("arch"), beta2):
+        text += f", beta2 {float(beta2):g}"
     if float(get("predict")):
         text += f", weight prediction {float(get('predict')):g}"
     if float(get("delay_lr")):
