@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import io
 import json
-import subprocess
 import sys
 import time
 import types
@@ -42,7 +41,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from official_common import check_official, official_commit  # noqa: E402
 
 from petra_core import build_model  # noqa: E402
 from petra_core.engine import Simulator  # noqa: E402
@@ -59,31 +61,6 @@ OFFICIAL_FLAGS = {
 }
 TOLERANCE = 1e-12  # float64, the same operations in the same order: losses agree to rounding
 NEEDED = ("main.py", "async_torch/models/models_RevNet.py", "async_torch/sequential_layers/sequential.py")
-
-
-class NotOfficial(SystemExit):
-    """``--official`` does not hold the authors' repository (one line, exit 2)."""
-
-
-def check_official(path: Path) -> Path:
-    path = Path(path).expanduser()
-    missing = [name for name in NEEDED if not (path / name).is_file()]
-    if missing:
-        print(
-            f"error: --official {path} is not a copy of stephane-rivaud/PETRA: it has no {missing[0]} "
-            f"(expected {', '.join(NEEDED)})",
-            file=sys.stderr,
-        )
-        raise NotOfficial(2)
-    return path
-
-
-def official_commit(path: Path) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-    except OSError:
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def import_official(path: Path) -> types.ModuleType:
@@ -310,7 +287,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    path = check_official(args.official)
+    path = check_official(args.official, "stephane-rivaud/PETRA", NEEDED)
     official = import_official(path)
     results = []
     for method in args.methods:

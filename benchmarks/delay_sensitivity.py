@@ -6,23 +6,25 @@ pipeline's.
     python benchmarks/delay_sensitivity.py --only none pipeline
 
 The transformers profile's revgpt run at 1,250 minibatches, seed 0 (nanoGPT's CPU size on
-Shakespeare, batches of 12 windows of 64 characters, AdamW lr 1e-3, betas 0.9/0.99, weight decay
-0.1 on matrices, warm-up over 1/8, x0.1 at 5/8 and 7/8; the ``muon`` settings: Muon on the blocks'
+Shakespeare, batches of 12 windows of 64 characters, AdamW lr 1e-3, betas 0.9/0.99, weight decay 0.1
+on matrices, warm-up over 1/8, x0.1 at 5/8 and 7/8; the ``muon`` settings: Muon on the blocks'
 matrices; ``branch``: only that branch's parameters wait, the rest of a block steps on time;
-``cosine``: the largest budget, 5,000 minibatches, under nanoGPT's cosine decay instead of the steps;
-the ``vit-`` settings: the profile's RevViT run at 1,000 minibatches, seed 0, width 64 on the first
-16,000 images of CIFAR-10, Adam betas 0.9/0.999, the same steps, its 8 stages: stem, 6 blocks, head;
-its result is top-1; the later ``vit-`` settings ask what might make the delay cheaper there:
-another lr (1e-4 also at 250, 4,000 and 16,000 minibatches, 3e-5 also at 4,000), SGD, AdamW
-without momentum or with beta2 0.95, a per-stage lr over the delay, minREV's cosine decay, shorter
-delays (3 stages', a quarter of the pipeline's), and every stage the stem's delay; ``vit-twin-``:
-the non-reversible twin), trained with stage j's gradients applied ``delays[j]`` minibatches late (revgpt's 6 stages: stem, 4 blocks, head). ``none`` is backprop and
-``pipeline`` (2(J-1-j)) the engine's ``delayed`` method, each the same training as the engine's
-(tests/test_delayed_reference.py), so their losses are the profile's records (on RevViT
-``vit-none`` gave the backprop record's top-1, 46.02, and ``vit-pipeline`` 28.77 against the delayed
-record's 28.66). Validation loss on the whole validation split, as the engine evaluates;
-``baseline``: the setting a row is compared with (the same model and recipe without delay). Writes
-``results/transformers/delays.csv``, which the transformers report renders (paper_tables/transformers.md).
+``cosine``: the largest budget, 5,000 minibatches, under nanoGPT's cosine decay instead of the
+steps; the ``vit-`` settings: the profile's RevViT run at 1,000 minibatches, seed 0, width 64 on the
+first 16,000 images of CIFAR-10, Adam betas 0.9/0.999, the same steps, its 8 stages: stem, 6 blocks,
+head; its result is top-1; the later ``vit-`` settings ask what might make the delay cheaper there:
+another lr (1e-4 also at 250, 4,000 and 16,000 minibatches, 3e-5 also at 4,000), SGD, AdamW without
+momentum or with beta2 0.95, a per-stage lr over the delay, minREV's cosine decay, shorter delays (3
+stages', a quarter of the pipeline's), and every stage the stem's delay; ``vit-twin-``: the
+non-reversible twin), trained with stage j's gradients applied ``delays[j]`` minibatches late
+(revgpt's 6 stages: stem, 4 blocks, head). ``none`` is backprop and ``pipeline`` (2(J-1-j)) the
+engine's ``delayed`` method, each the same training as the engine's
+(tests/test_delayed_reference.py), so their losses are the profile's records (on RevViT ``vit-none``
+gave the backprop record's top-1, 46.02, and ``vit-pipeline`` 28.77 against the delayed record's
+28.66). Validation loss on the whole validation split, as the engine evaluates; ``baseline``: the
+setting a row is compared with (the same model and recipe without delay). Writes
+``results/transformers/delays.csv``, which the transformers report renders
+(paper_tables/transformers.md).
 """
 
 from __future__ import annotations
