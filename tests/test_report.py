@@ -1583,6 +1583,41 @@ def test_the_delay_summary_names_the_cheapest_and_dearest_recipe_and_each_recipe
     assert "is -5.00 at 250, -4.00 at 1,000, -2.00 at 4,000 minibatches: it shrinks with the budget." in md, md
 
 
+def test_a_delay_cost_that_grows_then_shrinks_is_said_to_turn_at_its_dearest_budget(tf_runs):
+    """A recipe's cost that grows to a budget and shrinks past it turns there, even where the last
+    is dearer than the first; one that shrinks or grows all along does not turn."""
+    from petra_core.report.tables import render
+    from petra_core.report.transformers import delay_rows, delay_summary, transformers_context
+
+    def row(setting, delays, top1, baseline="", minibatches=1000, **recipe):
+        return dict(setting=setting, arch="revvit", delays=delays, question=setting, baseline=baseline, top1=top1,
+                    metric="top1", minibatches=minibatches, git_revision="fedcba9876", **recipe)  # fmt: skip
+
+    def series(costs: dict, **recipe):
+        out = []
+        for n, cost in costs.items():
+            none = f"none-{n}-{recipe}"
+            out += [row(none, "0 0", 50.0, minibatches=n, **recipe),
+                    row(f"late-{n}-{recipe}", "2 0", 50.0 + cost, none, minibatches=n, **recipe)]  # fmt: skip
+        return out
+
+    rows = pd.DataFrame(
+        series({250: -3.0, 1000: -4.0, 4000: -9.0, 16000: -5.0}, lr=1e-4)
+        + series({250: -5.0, 1000: -4.0, 4000: -2.0}, lr=3e-5)
+        + series({250: -1.0, 1000: -2.0}, lr=1e-5)
+    )
+    turning, shrinking, growing = delay_summary(delay_rows(rows))["trends"]
+    assert turning["turns"] and not turning["shrinks"]
+    assert turning["peak"] == {"minibatches": 4000, "cost": pytest.approx(-9.0)}
+    assert not shrinking["turns"] and shrinking["shrinks"] and shrinking["peak"]["minibatches"] == 250
+    assert not growing["turns"] and not growing["shrinks"]
+    md = render("transformers", "md", transformers_context({**tf_runs, "delays": rows}, "faketf"))
+    assert (
+        "-3.00 at 250, -4.00 at 1,000, -9.00 at 4,000, -5.00 at 16,000 minibatches: it does not shrink with the "
+        "budget, but it turns: past its dearest, -9.00 at 4,000, it shrinks to -5.00 at 16,000." in md
+    ), md
+
+
 def test_a_per_stage_lr_over_the_delay_is_a_recipe_of_its_own():
     """A delay row whose stages step at lr / delay**p (the benchmark's ``delay_lr``) names it in its
     recipe and is another recipe than its baseline; rows from before the column have one lr."""

@@ -513,8 +513,9 @@ def delay_summary(rows: list[dict]) -> dict:
     """What one model's delay rows say, from the rows: at the budget most of them ran, the least and
     the most the pipeline's delays cost (the delays most of the costed rows have) over the recipes
     tried; and, for each recipe measured at two budgets or more (one row a budget), the delay's
-    cost at each budget, in order, and whether it shrinks from the first to the last (per model: a
-    twin's rows are a series of their own)."""
+    cost at each budget, in order, whether it shrinks from the first to the last, and whether it
+    turns: grows to its dearest budget before the last, then shrinks (per model: a twin's rows are
+    a series of their own)."""
     costed = [r for r in rows if r["cost"] is not None and any(int(d) for d in r["delays"].split())]
     if not costed:
         return {"pipeline": None, "least": None, "most": None, "trends": []}
@@ -532,12 +533,15 @@ def delay_summary(rows: list[dict]) -> dict:
             continue  # one budget, or two settings of one recipe at a budget: no series
         series = sorted(same, key=lambda r: r["minibatches"])
         first, last = series[0], series[-1]
+        peak = max(series, key=lambda r: _harm(r["cost"], r["metric"]))  # ties: the earliest
         trends.append(
             {
                 "arch": arch,
                 "recipe": recipe,
                 "points": [{"minibatches": r["minibatches"], "cost": r["cost"]} for r in series],
                 "shrinks": abs(last["cost"]) < abs(first["cost"]),
+                "peak": {"minibatches": peak["minibatches"], "cost": peak["cost"]},
+                "turns": peak is not first and peak is not last and abs(last["cost"]) < abs(peak["cost"]),
             }
         )
     return {"pipeline": pipeline, "minibatches": int(budget), "least": ranked[0], "most": ranked[-1], "trends": trends}
