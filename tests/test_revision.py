@@ -2,10 +2,11 @@
 record can name: committed, and in main's history."""
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from petra_core.workflow.revision import RevisionError, check_revision
+from petra_core.workflow.revision import RevisionError, check_revision, check_same_checkout
 
 
 def git(*args, cwd):
@@ -56,6 +57,38 @@ def test_no_main_branch_lets_a_clean_revision_through_with_a_warning(repo, capsy
 def test_outside_a_repository_nothing_can_be_named(tmp_path):
     with pytest.raises(RevisionError, match="is not in a git repository"):
         check_revision(tmp_path)
+
+
+def test_a_worktree_running_another_checkouts_code_is_refused_in_one_line(repo, tmp_path_factory):
+    """A grid in a worktree of main, run with main's editable install, would train main's code and
+    name main's revision: refused, naming both checkouts and the fix. Its own code passes, and a
+    working directory outside any checkout runs whatever is installed."""
+    worktree = tmp_path_factory.mktemp("grid") / "grid"
+    git("worktree", "add", "-q", "--detach", str(worktree), "main", cwd=repo)
+    (repo / "pkg").mkdir()
+    with pytest.raises(
+        RevisionError, match=r"the code is .* but the workflow runs in .*grid: .* first on PYTHONPATH"
+    ) as e:
+        check_same_checkout(worktree, code=repo / "pkg")
+    assert "\n" not in str(e.value) and str(repo.resolve()) in str(e.value)
+    check_same_checkout(worktree, code=worktree)
+    check_same_checkout(repo / "pkg", code=repo)
+    check_same_checkout(tmp_path_factory.mktemp("scratch"), code=repo / "pkg")
+
+
+def test_the_rules_run_the_code_of_their_own_checkout():
+    """common.smk puts the checkout the Snakefile read first on the rules' PYTHONPATH (the end-to-end
+    proof is tests/test_workflow.py's smoke grid in a clone, which the check above would refuse)."""
+    import os
+
+    from petra_core.workflow import grid
+
+    smk = (Path(__file__).resolve().parents[1] / "workflow/rules/common.smk").read_text()
+    namespace = {"grid": grid, "os": os, "Path": Path}
+    line = next(x for x in smk.splitlines() if x.startswith("CHECKOUT = "))
+    exec(line, namespace)
+    assert Path(namespace["CHECKOUT"]) == Path(__file__).resolve().parents[1]
+    assert 'os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [CHECKOUT,' in smk
 
 
 def test_the_train_rule_checks_the_revision_before_training():

@@ -9,6 +9,11 @@ repository). "main" is the local branch of that name or any remote's; a reposito
 neither cannot tell, and the check lets a clean revision through with a warning.
 ``--config require_clean_revision=false`` turns the check off (for experiments not meant to be
 committed).
+
+It also refuses a grid whose code is another checkout's: a worktree that runs the ``petra`` of
+another checkout's environment (an editable install of main, a symlinked ``.venv``) would train
+main's code, and its records would name main's revision, while its Snakefile and profiles are the
+worktree's. The workflow's rules put their own checkout first on ``PYTHONPATH`` (common.smk).
 """
 
 from __future__ import annotations
@@ -34,6 +39,29 @@ def main_refs(root: Path) -> list[str]:
     """The refs named main: the local branch and every remote's."""
     out = _git("for-each-ref", "--format=%(refname)", "refs/heads", "refs/remotes", root=root).stdout.split()
     return [r for r in out if r == f"refs/heads/{MAIN}" or (r.startswith("refs/remotes/") and r.endswith(f"/{MAIN}"))]
+
+
+def toplevel(folder: Path) -> Path | None:
+    """The top of the git checkout (repository or worktree) that holds ``folder``; None outside one."""
+    try:
+        top = _git("rev-parse", "--show-toplevel", root=folder)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return Path(top.stdout.strip()).resolve() if top.returncode == 0 else None
+
+
+def check_same_checkout(workdir: str | Path, code: str | Path | None = None) -> None:
+    """Raises :class:`RevisionError` if ``workdir`` (where the workflow runs) is in one git checkout
+    and ``code`` (default: this package) in another: the records would name a revision the grid's
+    own checkout does not hold. A ``workdir`` outside any checkout runs whatever code is installed."""
+    code = Path(code) if code is not None else Path(__file__).resolve().parent
+    here, there = toplevel(Path(workdir)), toplevel(code)
+    if here is None or there is None or here == there:
+        return
+    raise RevisionError(
+        f"the code is {there}'s but the workflow runs in {here}: its records would name {there}'s revision; "
+        f"put {here} first on PYTHONPATH (the Snakefile's rules do) or install petra from it"
+    )
 
 
 def check_revision(root: str | Path | None = None) -> str:
@@ -75,6 +103,8 @@ def check_revision(root: str | Path | None = None) -> str:
 
 def cmd_revision(args) -> int:
     try:
+        if args.root is None:
+            check_same_checkout(Path.cwd())
         revision = check_revision(args.root)
     except RevisionError as err:
         print(f"petra: error: {err}", file=sys.stderr)
@@ -87,9 +117,9 @@ def register(sub) -> None:
     p = sub.add_parser(
         "revision",
         help="print the code revision, if a grid run may be trained at it",
-        description="Print the git revision of the code; exit 2 with one line if it is dirty or "
-        f"not in {MAIN}'s history (a record could not name it). The Snakemake train rule "
-        "runs it before every run.",
+        description="Print the git revision of the code; exit 2 with one line if it is dirty, "
+        f"not in {MAIN}'s history (a record could not name it) or, without --root, another checkout's "
+        "than the working directory's. The Snakemake train rule runs it before every run.",
     )
     p.add_argument("--check", action="store_true", help="(the default and only mode; kept for readable rules)")
     p.add_argument("--root", help="a directory inside the repository (default: the petra_core package's)")

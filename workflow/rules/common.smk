@@ -17,6 +17,11 @@ from petra_core.run.runio import COST_FILES, GPU_RESULTS, METRICS_DIR
 
 # `petra` of the interpreter that runs Snakemake, also when its virtual environment is not active.
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+# ... running this checkout's code, the code this Snakefile read (Snakemake puts the checkout first on
+# sys.path), not the code that interpreter installed: a grid in a worktree beside main, with main's
+# environment, trains the worktree's revision, which its records name (petra revision --check).
+CHECKOUT = str(Path(grid.__file__).resolve().parents[2])
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [CHECKOUT, os.environ.get("PYTHONPATH", "")] if p)
 
 PROFILE = config["profile"]
 PROFILE_FILE = f"{config['profiles_dir']}/{PROFILE}.yaml"
