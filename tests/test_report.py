@@ -1656,6 +1656,9 @@ def test_another_adam_beta2_is_a_recipe_of_its_own_against_each_models_own():
         "adamw, lr 0.001, step decay, beta2 0.95"
     ]
     assert [c["other_recipe"] for c in cells] == [False, False, False, True]
+    # a model with no recipe's beta2 and none in its row names none (no "beta2 nan")
+    alien = delay_rows(pd.DataFrame([row("mlp", "mlp", 20.0)]))
+    assert alien[0]["recipe"] == "adamw, lr 0.001, step decay"
 
 
 def test_petras_gap_is_split_into_the_delays_share_and_its_own(tf_runs):

@@ -495,8 +495,9 @@ def _recipe(row: dict) -> str:
     if get("optimizer") != "sgd" and float(get("beta1")) != RECIPE_DEFAULTS["beta1"]:
         text += f", beta1 {float(get('beta1')):g}"
     beta2 = row.get("beta2")
-    if get("optimizer") != "sgd" and beta2 is not None and float(beta2) != RECIPE_BETA2.get(row.get("arch"), beta2):
-        text += f", beta2 {float(beta2):g}"
+    beta2 = None if beta2 is None or pd.isna(beta2) else float(beta2)  # a model without a recipe's beta2: none said
+    if get("optimizer") != "sgd" and beta2 is not None and beta2 != RECIPE_BETA2.get(row.get("arch"), beta2):
+        text += f", beta2 {beta2:g}"
     if float(get("predict")):
         text += f", weight prediction {float(get('predict')):g}"
     if float(get("delay_lr")):
