@@ -75,6 +75,17 @@ def run_config(args):
     return RunConfig.load(*files, overrides=overrides)
 
 
+def warn_if_another_checkouts_code(say) -> None:
+    """A worktree running another checkout's install (main's editable .venv) trains that checkout's
+    code, and its record names that revision: say so, in one line, before training."""
+    from .workflow.revision import RevisionError, check_same_checkout
+
+    try:
+        check_same_checkout(Path.cwd())
+    except RevisionError as err:
+        say(f"petra: warning: {err}")
+
+
 def cmd_train(args) -> int:
     from .run.config import ConfigError, RunConfig
     from .run.faults import parse_faults
@@ -107,6 +118,8 @@ def cmd_train(args) -> int:
     def say(msg: str) -> None:  # rank 0 speaks for a distributed run (the others would repeat it)
         if rank == 0:
             print(msg, file=sys.stderr)
+
+    warn_if_another_checkouts_code(say)
 
     try:
         metrics = train(

@@ -76,6 +76,28 @@ def test_a_worktree_running_another_checkouts_code_is_refused_in_one_line(repo, 
     check_same_checkout(tmp_path_factory.mktemp("scratch"), code=repo / "pkg")
 
 
+def test_petra_train_in_another_checkout_than_its_codes_warns_in_one_line(repo, tmp_path_factory, monkeypatch, capsys):
+    """Run by hand in a worktree with main's install, ``petra train`` trains main's code (and its
+    record names main's revision): it says so; outside any checkout it says nothing."""
+    from conftest import argv, tiny_run
+
+    import petra_core
+    from petra_core.cli import main
+    from petra_core.workflow.revision import toplevel
+
+    if toplevel(Path(petra_core.__file__).parent) is None:
+        pytest.skip("petra_core is installed, not imported from a checkout: no other checkout to tell apart")
+    config = argv(tiny_run(epochs=1, synthetic_train=32, synthetic_test=16, batch_size=16))
+    runs = tmp_path_factory.mktemp("runs")
+    monkeypatch.chdir(repo)  # a checkout, but not the one petra_core is imported from
+    assert main(["train", *config, "--run-dir", str(runs / "a")]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if line.startswith("petra: warning:")]
+    assert len(warning) == 1 and f"the workflow runs in {repo.resolve()}" in warning[0], warning
+    monkeypatch.chdir(tmp_path_factory.mktemp("scratch"))
+    assert main(["train", *config, "--run-dir", str(runs / "b")]) == 0
+    assert "petra: warning" not in capsys.readouterr().err
+
+
 def test_the_rules_run_the_code_of_their_own_checkout():
     """common.smk puts the checkout the Snakefile read first on the rules' PYTHONPATH (the end-to-end
     proof is tests/test_workflow.py's smoke grid in a clone, which the check above would refuse)."""
