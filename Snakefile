@@ -21,12 +21,17 @@ validate(config, "workflow/schemas/config.schema.yaml")
 report: "workflow/report/workflow.rst"
 
 
-# rules find `petra` through PATH (common.smk puts the running interpreter's bin directory first)
+include: "workflow/rules/common.smk"
+
+
+# rules find `petra` through PATH (common.smk puts the running interpreter's bin directory first) and
+# run this checkout's code through PYTHONPATH (common.smk puts the checkout first); declared after
+# common.smk sets them, so that a cluster job gets them too
 envvars:
     "PATH",
+    "PYTHONPATH",
 
 
-include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/aggregate.smk"
