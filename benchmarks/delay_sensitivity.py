@@ -47,6 +47,7 @@ from petra_core.data.text_stream import TextStream  # noqa: E402
 from petra_core.families import build  # noqa: E402
 from petra_core.methods.delayed_reference import train_delayed  # noqa: E402
 from petra_core.optim import Recipe, make_optimizer, make_schedule  # noqa: E402
+from petra_core.report.transformers import REFERENCE_BETA2, REFERENCE_RECIPE  # noqa: E402
 from petra_core.run import runio  # noqa: E402
 from petra_core.run.evaluation import evaluate  # noqa: E402
 
@@ -279,9 +280,9 @@ def recipe(options: dict, arch: str = "revgpt") -> Recipe:
     if options.get("sgd"):  # the RevNets' optimizer: Nesterov momentum 0.9, weight decay 5e-4
         return Recipe(base_lr=options["lr"], optimizer="sgd", weight_decay=5e-4, scale_lr=False, **schedule)
     return Recipe(
-        base_lr=options.get("lr", 1e-3),
+        base_lr=options.get("lr", REFERENCE_RECIPE["lr"]),
         optimizer="adamw",
-        betas=(options.get("beta1", 0.9), beta2(options, arch)),
+        betas=(options.get("beta1", REFERENCE_RECIPE["beta1"]), beta2(options, arch)),
         weight_decay=0.1,
         scale_lr=False,
         **schedule,
@@ -289,8 +290,9 @@ def recipe(options: dict, arch: str = "revgpt") -> Recipe:
 
 
 def beta2(options: dict, arch: str) -> float:
-    """Adam's beta2: the setting's, else the recipe's (minREV's 0.999 for RevViT, nanoGPT's 0.99)."""
-    return options.get("beta2", 0.999 if arch in IMAGE_ARCHS else 0.99)
+    """Adam's beta2: the setting's, else its model's in the study's recipe (minREV's 0.999 for RevViT,
+    nanoGPT's 0.99 for the GPT; ``REFERENCE_BETA2``, which the report names departures from)."""
+    return options.get("beta2", REFERENCE_BETA2[arch])
 
 
 def muon_on_the_blocks(recipe: Recipe, batch_size: int):
@@ -362,7 +364,7 @@ def run(name: str, text_dir: str, image_dir: str) -> dict:
         settings,
         batch_size=batch_size,
         batches_per_epoch=per_epoch,
-        predict=options.get("predict", 0.0),
+        predict=options.get("predict", REFERENCE_RECIPE["predict"]),
         optimizers_for=muon_on_the_blocks(settings, batch_size)
         if options.get("muon")
         else delay_scaled(settings, batch_size, delays, options["delay_lr"])
@@ -377,11 +379,12 @@ def run(name: str, text_dir: str, image_dir: str) -> dict:
         "delays": " ".join(map(str, delays)),
         "question": question,
         "baseline": baseline,
-        "lr": options.get("lr", 1e-3),
-        "beta1": options.get("beta1", 0.9),
+        "lr": options.get("lr", REFERENCE_RECIPE["lr"]),
+        "beta1": options.get("beta1", REFERENCE_RECIPE["beta1"]),
         "beta2": beta2(options, arch),
-        "predict": options.get("predict", 0.0),
-        "delay_lr": options.get("delay_lr", 0.0),  # each stage at lr / delay**this (0: the recipe's lr)
+        "predict": options.get("predict", REFERENCE_RECIPE["predict"]),
+        # each stage at lr / delay**this (0: the recipe's lr)
+        "delay_lr": options.get("delay_lr", REFERENCE_RECIPE["delay_lr"]),
         "optimizer": "muon+adamw" if options.get("muon") else "sgd" if options.get("sgd") else "adamw",
         "schedule": "cosine" if options.get("cosine") else "step",
         "metric": "top1" if arch in IMAGE_ARCHS else "test_loss",

@@ -435,7 +435,7 @@ def delay_rows(delays: pd.DataFrame) -> list[dict]:
         schedule=_column(delays, "schedule", "step"),
         metric=_column(delays, "metric", "test_loss"),
         delay_lr=_column(delays, "delay_lr", 0.0),
-        beta2=_column(delays, "beta2", pd.NA).fillna(delays["arch"].map(RECIPE_BETA2)),
+        beta2=_column(delays, "beta2", pd.NA).fillna(delays["arch"].map(REFERENCE_BETA2)),
     )
     by_name = delays.set_index("setting")
     out = []
@@ -468,16 +468,12 @@ def delay_rows(delays: pd.DataFrame) -> list[dict]:
     return out
 
 
-RECIPE_DEFAULTS = {
-    "optimizer": "adamw",
-    "lr": 1e-3,
-    "beta1": 0.9,
-    "predict": 0.0,
-    "delay_lr": 0.0,  # each stage's lr over its delay to this power (0: one lr for every stage)
-    "schedule": "step",
-}
-# Adam's beta2 in each model's recipe: nanoGPT's for the GPTs, minREV's for the ViTs
-RECIPE_BETA2 = {"revgpt": 0.99, "gpt": 0.99, "revvit": 0.999, "vit": 0.999}
+# The recipe of the delay reference's study (benchmarks/delay_sensitivity.py reads it from here): what
+# a setting trains with unless it says otherwise, and what a row's recipe names its departures from.
+# AdamW at lr 1e-3, beta1 0.9 and its model's beta2 (nanoGPT's 0.99 for the GPTs, minREV's 0.999 for
+# the ViTs), step decay, no weight prediction, one lr for every stage (delay_lr 0).
+REFERENCE_RECIPE = {"optimizer": "adamw", "lr": 1e-3, "beta1": 0.9, "predict": 0.0, "delay_lr": 0.0, "schedule": "step"}
+REFERENCE_BETA2 = {"revgpt": 0.99, "gpt": 0.99, "revvit": 0.999, "vit": 0.999}
 
 
 def _recipe(row: dict) -> str:
@@ -489,14 +485,14 @@ def _recipe(row: dict) -> str:
 
     def get(key):
         value = row.get(key)
-        return RECIPE_DEFAULTS[key] if value is None or (isinstance(value, float) and math.isnan(value)) else value
+        return REFERENCE_RECIPE[key] if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
     text = f"{get('optimizer')}, lr {float(get('lr')):g}, {get('schedule')} decay"
-    if get("optimizer") != "sgd" and float(get("beta1")) != RECIPE_DEFAULTS["beta1"]:
+    if get("optimizer") != "sgd" and float(get("beta1")) != REFERENCE_RECIPE["beta1"]:
         text += f", beta1 {float(get('beta1')):g}"
     beta2 = row.get("beta2")
     beta2 = None if beta2 is None or pd.isna(beta2) else float(beta2)  # a model without a recipe's beta2: none said
-    if get("optimizer") != "sgd" and beta2 is not None and beta2 != RECIPE_BETA2.get(row.get("arch"), beta2):
+    if get("optimizer") != "sgd" and beta2 is not None and beta2 != REFERENCE_BETA2.get(row.get("arch"), beta2):
         text += f", beta2 {beta2:g}"
     if float(get("predict")):
         text += f", weight prediction {float(get('predict')):g}"
