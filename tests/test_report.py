@@ -1299,6 +1299,12 @@ def test_the_transformer_study_tables_the_gap_to_backprop_per_budget_and_the_twi
     assert "\\begin{tabular}" in render("transformers", "tex", context)
     fig = transformers_figure(tf_runs, "faketf")
     assert fig.axes[0].get_xscale() == "log" and fig.axes[1].get_ylabel() == "validation loss (nats/char)"
+    # a line's colour is its setting's, its style its method's: PETRA dashed, backprop solid, the twin's squares
+    lines = {c.get_label(): c.lines[0] for c in fig.axes[0].containers}
+    assert lines["RevGPT, PETRA"].get_linestyle() == "--" and lines["RevGPT, Backprop"].get_linestyle() == "-"
+    assert lines["GPT, Backprop"].get_marker() == "s" and lines["RevGPT, PETRA"].get_marker() == "o"
+    assert len({tuple(line.get_color()) if not isinstance(line.get_color(), str) else line.get_color()
+                for line in lines.values()}) == len(lines)  # fmt: skip
 
 
 def test_the_revvit_goal_asks_whether_petras_top1_gap_shrinks_with_budget():

@@ -602,10 +602,19 @@ def transformers_context(frames: dict, profile: str) -> dict:
     return context
 
 
+# a line's style by method, beside its colour by setting: solid backprop, dashed PETRA, dotted
+# delayed gradients, dash-dot DSP; the twin's backprop solid with square markers
+METHOD_LINES = {"backprop": "-", "petra": "--", "delayed": ":", "dsp": "-."}
+
+
+def _line_style(arch: str, method: str, rev: str) -> dict:
+    return {"linestyle": METHOD_LINES.get(method, (0, (5, 1, 1, 1, 1, 1))), "marker": "o" if arch == rev else "s"}
+
+
 def transformers_figure(frames: dict, profile: str):
     """Per (dataset, model): the final metric against the training budget (minibatches, log scale),
-    a line per method and the twin's backprop (mean ± sd over seeds), and the learning curves of
-    the largest budget."""
+    a line per setting and the twin's backprop (mean ± sd over seeds; its colour the setting's, its
+    style the method's), and the learning curves of the largest budget."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -621,14 +630,16 @@ def transformers_figure(frames: dict, profile: str):
         metric = s.metric.iloc[0]
         s = s.assign(setting=[_setting(*_key(r)) for r in s.to_dict("records")])
         order = [_setting(*a) for a in _variants(s, rev)]
-        # the default palette has 10 colours and repeats after them: more settings take evenly spaced hues
+        # the default palette has 10 colours and repeats after them: more settings take evenly spaced hues,
+        # and neighbouring hues come close, so a line's style says its method too
         palette = sns.color_palette(None if len(order) <= 10 else "husl", n_colors=len(order))
         colors = dict(zip(order, palette))
+        styles = {_setting(*a): _line_style(a[0], a[1], rev) for a in _variants(s, rev)}
         for setting in order:
             g = s[s.setting == setting].sort_values("minibatches")
             row[0].errorbar(
-                g.minibatches, g["mean"], yerr=g["std"].fillna(0), marker="o", capsize=3, label=setting,
-                color=colors[setting],
+                g.minibatches, g["mean"], yerr=g["std"].fillna(0), capsize=3, label=setting, color=colors[setting],
+                **styles[setting],
             )  # fmt: skip
         row[0].set_xscale("log", base=2)
         row[0].set(
@@ -642,10 +653,11 @@ def transformers_figure(frames: dict, profile: str):
         steps = dict(zip(runs.run_dir, runs.optimizer_steps * runs.k / runs.epochs_done))
         h["minibatches"] = h.epoch * [steps[d] for d in h.run_dir]
         h["setting"] = [_setting(*a) for a in settings_of(h)]
-        sns.lineplot(
-            data=h, x="minibatches", y=metric, hue="setting", hue_order=[o for o in order if o in set(h.setting)],
-            palette=colors, errorbar="sd", marker="o", markersize=3, ax=row[1],
-        )  # fmt: skip
+        for setting in [o for o in order if o in set(h.setting)]:
+            sns.lineplot(
+                data=h[h.setting == setting], x="minibatches", y=metric, color=colors[setting], errorbar="sd",
+                markersize=3, ax=row[1], **styles[setting],
+            )  # fmt: skip
         row[1].set(xlabel="minibatches", ylabel=METRICS[metric], title=f"{model_label(rev)}: the largest budget")
         # one legend for the row (both panels share its colours), beside it: inside, a dozen
         # settings cover the curves
