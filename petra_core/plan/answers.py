@@ -21,7 +21,8 @@ from pathlib import Path
 
 from .cluster import PlanError, load_cluster
 from .formulas import PIPEDREAM_FORMULA, PIPEDREAM_SOURCE, memory_terms
-from .profiling import STEMS, from_stage_profile, revision
+from .profile import STEMS, revision
+from .profiling import from_stage_profile
 from .search import best_split, largest_revnet, min_devices, scan_devices, sized_profile, stage_costs
 from .simulate import predict
 

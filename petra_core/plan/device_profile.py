@@ -26,7 +26,7 @@ def pipeline_phase_seconds(
     from ..engine import LocalWorld, PipelineSpec
     from ..methods import get_method
     from .clock import stage_phase_times
-    from .profiling import STEMS
+    from .profile import STEMS
 
     image_size, classes = STEMS[stem]
     dev = torch.device(device)
@@ -68,7 +68,7 @@ def measure_device_profile(
     """A profile of ``method`` timed on ``device`` (its phases) with the accounting's bytes."""
     import torch
 
-    from .profiling import STEMS, revision
+    from .profile import STEMS, revision
 
     image_size, classes = STEMS[stem]
     phases = pipeline_phase_seconds(

@@ -24,6 +24,17 @@ BYTE_FIELDS = (
     "backward_message_bytes", "work_bytes", "shared_bytes", "joint_bytes",
 )  # fmt: skip
 FORMAT = 1
+STEMS = {"cifar": (32, 10), "imagenet": (224, 1000)}  # a profiled model's stem: image size, classes
+
+
+def revision() -> str:
+    """The code revision a profile is measured at (``runio.git_revision``: HEAD, ``-dirty`` if a
+    tracked file other than a record, the planner's own results or the DVC lock differs from it),
+    ``unknown`` outside a checkout. A ``dvc repro`` deletes a stage's outputs and rewrites the lock
+    before the stage runs: neither is code."""
+    from ..run.runio import git_revision
+
+    return git_revision(outputs=("results/plan", "dvc.lock")) or "unknown"
 
 
 @dataclass(frozen=True)

@@ -21,19 +21,7 @@ from pathlib import Path
 
 from .cluster import PlanError
 from .memory import model_sizes, stage_bytes
-from .profile import BYTE_FIELDS, DeviceProfile, StageProfile
-
-STEMS = {"cifar": (32, 10), "imagenet": (224, 1000)}  # image size, classes
-
-
-def revision() -> str:
-    """The code revision (``runio.git_revision``: HEAD, ``-dirty`` if a tracked file other than a
-    record, the planner's own results or the DVC lock differs from it), ``unknown`` outside a checkout.
-    A ``dvc repro`` deletes a stage's outputs and rewrites the lock before the stage runs: neither
-    is code."""
-    from ..run.runio import git_revision
-
-    return git_revision(outputs=("results/plan", "dvc.lock")) or "unknown"
+from .profile import BYTE_FIELDS, STEMS, DeviceProfile, StageProfile, revision
 
 
 def _stem(stem: str) -> tuple[int, int]:

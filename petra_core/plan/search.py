@@ -115,7 +115,7 @@ def scan_devices(
 def sized_profile(arch: str, width: int, method: str, *, batch: int, stem: str) -> DeviceProfile:
     """A profile with bytes only (no times): the model sized on the meta device."""
     from .memory import model_sizes, stage_bytes
-    from .profiling import STEMS
+    from .profile import STEMS
 
     image_size, classes = STEMS[stem]
     rows = stage_bytes(model_sizes(arch, width, stem, classes, batch, image_size), method, batch=batch)

@@ -321,7 +321,7 @@ def validate(
                 f"{name}: {s['points']} points, mean |error| {100 * s['mean_abs_error']:.1f} %, "
                 f"max {100 * s['max_abs_error']:.1f} %{without}"
             )
-    from .profiling import revision
+    from .profile import revision
 
     return dict(
         rows=rows, summary=summary,
