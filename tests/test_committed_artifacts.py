@@ -45,6 +45,7 @@ from petra_core.workflow import dvc_stages, grid, studies
 ROOT = Path(__file__).resolve().parents[1]
 COSTS, CYCLIC = ROOT / "results/costs", ROOT / "results/cyclic"
 PROFILES = ROOT / "workflow/config/profiles"
+PLANNED = ROOT / "workflow/config/planned"
 TIMED_COLUMNS = {
     "table1_per_stage.csv": lambda column: column.endswith("_seconds"),
     "network_costs.csv": lambda column: column.startswith("time_"),
@@ -212,8 +213,13 @@ PROFILES_WITH_RECORDS = sorted(p.name for p in (ROOT / "runs").iterdir() if p.is
 def test_every_committed_record_is_its_grid_points_run(profile):
     """``petra train`` resumes a record's run and ``petra verify`` checks it only if its config.yaml
     is its grid point's config (``check_same_run``): a key that a record lacks reads as today's
-    default, which may not be what it ran (workflow/scripts/upgrade_records.py adds such keys)."""
-    points = {run.directory: run.config for run in grid.runs(grid.load_profile(PROFILES / f"{profile}.yaml"))}
+    default, which may not be what it ran (workflow/scripts/upgrade_records.py adds such keys). A
+    grid being trained commits its runs' records as they finish: those are its planned profile's
+    (workflow/config/planned/), which grows the committed one (tests/test_planned_profiles.py)."""
+    points = {}
+    for folder in (PLANNED, PROFILES):  # the committed profile's config wins where both name a run
+        if (folder / f"{profile}.yaml").exists():
+            points |= {run.directory: run.config for run in grid.runs(grid.load_profile(folder / f"{profile}.yaml"))}
     records = sorted(path.parent.relative_to(ROOT) for path in (ROOT / "runs" / profile).rglob(runio.CONFIG))
     assert records, f"runs/{profile} holds no record"
     for run_dir in records:
