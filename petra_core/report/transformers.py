@@ -483,17 +483,16 @@ def _recipe(row: dict) -> str:
     ``..., each stage's lr over its delay^0.5``; the defaults where a row
     (from before the column) has none."""
 
-    def get(key):
+    def get(key, default=None):
         value = row.get(key)
-        return REFERENCE_RECIPE[key] if value is None or (isinstance(value, float) and math.isnan(value)) else value
+        return REFERENCE_RECIPE.get(key, default) if value is None or pd.isna(value) else value
 
     text = f"{get('optimizer')}, lr {float(get('lr')):g}, {get('schedule')} decay"
     if get("optimizer") != "sgd" and float(get("beta1")) != REFERENCE_RECIPE["beta1"]:
         text += f", beta1 {float(get('beta1')):g}"
-    beta2 = row.get("beta2")
-    beta2 = None if beta2 is None or pd.isna(beta2) else float(beta2)  # a model without a recipe's beta2: none said
-    if get("optimizer") != "sgd" and beta2 is not None and beta2 != REFERENCE_BETA2.get(row.get("arch"), beta2):
-        text += f", beta2 {beta2:g}"
+    model_beta2 = REFERENCE_BETA2.get(row.get("arch"))  # None for a model without a recipe's beta2: none said
+    if get("optimizer") != "sgd" and model_beta2 is not None and float(get("beta2", model_beta2)) != model_beta2:
+        text += f", beta2 {float(get('beta2')):g}"
     if float(get("predict")):
         text += f", weight prediction {float(get('predict')):g}"
     if float(get("delay_lr")):
@@ -629,12 +628,13 @@ def transformers_figure(frames: dict, profile: str):
     for row, ((dataset, rev), s) in zip(axes, series):
         metric = s.metric.iloc[0]
         s = s.assign(setting=[_setting(*_key(r)) for r in s.to_dict("records")])
-        order = [_setting(*a) for a in _variants(s, rev)]
+        variants = _variants(s, rev)
+        order = [_setting(*a) for a in variants]
         # the default palette has 10 colours and repeats after them: more settings take evenly spaced hues,
         # and neighbouring hues come close, so a line's style says its method too
         palette = sns.color_palette(None if len(order) <= 10 else "husl", n_colors=len(order))
         colors = dict(zip(order, palette))
-        styles = {_setting(*a): _line_style(a[0], a[1], rev) for a in _variants(s, rev)}
+        styles = {setting: _line_style(a[0], a[1], rev) for setting, a in zip(order, variants)}
         for setting in order:
             g = s[s.setting == setting].sort_values("minibatches")
             row[0].errorbar(
@@ -653,7 +653,8 @@ def transformers_figure(frames: dict, profile: str):
         steps = dict(zip(runs.run_dir, runs.optimizer_steps * runs.k / runs.epochs_done))
         h["minibatches"] = h.epoch * [steps[d] for d in h.run_dir]
         h["setting"] = [_setting(*a) for a in settings_of(h)]
-        for setting in [o for o in order if o in set(h.setting)]:
+        curves = set(h.setting)
+        for setting in [o for o in order if o in curves]:
             sns.lineplot(
                 data=h[h.setting == setting], x="minibatches", y=metric, color=colors[setting], errorbar="sd",
                 markersize=3, ax=row[1], **styles[setting],
