@@ -75,9 +75,12 @@ def run_config(args):
     return RunConfig.load(*files, overrides=overrides)
 
 
-def warn_if_another_checkouts_code(say) -> None:
+def warn_if_another_checkouts_code(say, rank: int) -> None:
     """A worktree running another checkout's install (main's editable .venv) trains that checkout's
-    code, and its record names that revision: say so, in one line, before training."""
+    code, and its record names that revision: say so, in one line, before training (rank 0 only:
+    the others would ask git the same for a line they do not print)."""
+    if rank != 0:
+        return
     from .workflow.revision import RevisionError, check_same_checkout
 
     try:
@@ -119,7 +122,7 @@ def cmd_train(args) -> int:
         if rank == 0:
             print(msg, file=sys.stderr)
 
-    warn_if_another_checkouts_code(say)
+    warn_if_another_checkouts_code(say, rank)
 
     try:
         metrics = train(
